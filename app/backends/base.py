@@ -1,0 +1,179 @@
+"""The contract between the engine and a model backend.
+
+A backend receives a :class:`GenerationRequest` (a backend-neutral conversation plus
+sampling and tool settings) and yields a stream of normalized deltas:
+
+    TextDelta        visible assistant text
+    ReasoningDelta   raw reasoning text (never shown as output_text)
+    ToolCallDelta    a piece of a function call; calls are told apart by ``index``
+    Finish           exactly once, last: why generation stopped, and token usage
+
+The engine never sees a backend's wire format, and a backend never sees the Responses
+protocol. Contract for ``Backend.stream``:
+
+* It yields zero or more content deltas and then exactly one ``Finish``.
+* Failures raise an :class:`app.errors.ORSError` subclass (``ModelError`` for a model or
+  upstream that failed, ``InvalidRequest`` for a request the model cannot take).
+  Upstream-specific exceptions are translated inside the backend, at one boundary.
+* Cancellation: closing the iterator (``aclose``) or cancelling the consuming task stops
+  generation promptly and releases the model or the upstream connection.
+* For every call, the first ``ToolCallDelta`` of an ``index`` carries ``name`` and
+  ``call_id`` (if the backend knows one); later ones carry argument text only.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call already made, replayed to the model as context."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatMessage:
+    """One turn of the backend-neutral conversation."""
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    """For ``role == "tool"``: the call this message answers."""
+    reasoning: str | None = None
+    """Assistant reasoning restored from an earlier turn, if any."""
+    phase: str | None = None
+    """Assistant ``phase`` label (``commentary`` / ``final_answer``), kept for upstreams."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function tool the model can see."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """What the model may call.
+
+    ``mode`` is ``auto`` (may call), ``none`` (must not call) or ``required`` (must call
+    at least one). ``allowed`` limits which of the visible tools may be called; ``None``
+    means all of them. A named tool choice is ``required`` with one allowed name.
+    """
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    allowed: tuple[str, ...] | None = None
+    parallel: bool = True
+    max_calls: int | None = None
+
+    def may_call(self, name: str) -> bool:
+        return self.mode != "none" and (self.allowed is None or name in self.allowed)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    top_logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    """Constrains the visible text: ``text`` (free), ``json_object`` or ``json_schema``."""
+
+    kind: Literal["text", "json_object", "json_schema"] = "text"
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    model: str
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    tool_policy: ToolPolicy = field(default_factory=ToolPolicy)
+    sampling: Sampling = field(default_factory=Sampling)
+    output_format: OutputFormat = field(default_factory=OutputFormat)
+    reasoning_effort: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    index: int
+    name: str | None = None
+    arguments: str = ""
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    reason: FinishReason
+    usage: Usage | None = None
+
+
+Delta = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    owned_by: str
+    context_window: int | None = None
+
+
+class Backend(abc.ABC):
+    """A source of model output. See the module docstring for the stream contract."""
+
+    @abc.abstractmethod
+    def models(self) -> list[ModelInfo]:
+        """The model ids this backend serves (may be empty for a pass-through upstream)."""
+
+    @abc.abstractmethod
+    def serves(self, model: str) -> bool:
+        """Whether a request for ``model`` belongs to this backend."""
+
+    @abc.abstractmethod
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Generate; an async generator honouring the contract above."""
+
+    async def start(self) -> None:
+        """Prepare resources (load models, open clients). Called once at app start."""
+
+    async def aclose(self) -> None:
+        """Release resources. Called once at app shutdown."""

@@ -1,0 +1,487 @@
+"""The one source of a response: backend deltas in, spec events and the final response out.
+
+:class:`ResponseBuilder` owns the response state machine, the state machine of every
+output item, the ids of items and calls, and the ``sequence_number`` counter. The SSE
+stream, the WebSocket frames, the JSON response and the stored record are all derived
+from what it returns, so the items in the terminal event are the streamed items by
+construction.
+
+Response states::
+
+    queued ──> in_progress ──> completed | incomplete | failed
+       └──────────┴─────────> cancelled
+
+Item states::
+
+    in_progress ──> completed | incomplete
+
+Any other transition raises :class:`IllegalTransition` at once: it is a bug in the
+engine, never a client error.
+
+Items are streamed one after the other (``output_index`` 0, 1, 2 …): a delta of another
+kind, or for another tool call, closes the open item before opening the next. Wire
+objects are never mutated after they are handed out: ``output_item.added`` carries a
+fresh zero-value item, and ``output_item.done`` the final one, which is the same object
+that goes into ``response.output``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from app.backends.base import (
+    Delta,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
+from app.backends.base import Usage as BackendUsage
+from app.engine import ids
+from app.errors import ORSError
+from app.protocol.content import OutputText, ReasoningText
+from app.protocol.events import (
+    ContentPartAdded,
+    ContentPartDone,
+    ErrorEvent,
+    ErrorPayload,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningDone,
+    ResponseCompleted,
+    ResponseCreated,
+    ResponseFailed,
+    ResponseIncomplete,
+    ResponseInProgress,
+    ResponseQueued,
+    StreamEvent,
+)
+from app.protocol.events import ReasoningDelta as ReasoningDeltaEvent
+from app.protocol.items import FunctionCall, Message, OutputItem, Reasoning
+from app.protocol.responses import (
+    IncompleteDetails,
+    InputTokensDetails,
+    OutputTokensDetails,
+    ResponseError,
+    ResponseResource,
+    Usage,
+)
+
+
+class IllegalTransition(RuntimeError):
+    """A state machine was asked to make a move the spec forbids."""
+
+
+_RESPONSE_MOVES: dict[str, frozenset[str]] = {
+    "queued": frozenset({"in_progress", "cancelled", "failed"}),
+    "in_progress": frozenset({"completed", "incomplete", "failed", "cancelled"}),
+}
+
+_INCOMPLETE_REASONS: dict[FinishReason, str] = {
+    "length": "max_output_tokens",
+    "content_filter": "content_filter",
+}
+
+
+@dataclass(slots=True)
+class _OpenItem:
+    """The item being streamed: its kind, position, id and accumulated text."""
+
+    kind: str  # "message" | "function_call" | "reasoning"
+    output_index: int
+    item_id: str
+    chunks: list[str] = field(default_factory=list)
+    call_id: str = ""
+    name: str = ""
+    tool_index: int = -1
+
+
+class ResponseBuilder:
+    """Builds one response. Not thread-safe; one instance per response.
+
+    Every public method returns the events it caused, in order, already numbered.
+    ``response`` is always a valid ``ResponseResource`` for the current state.
+    """
+
+    def __init__(
+        self,
+        response: ResponseResource,
+        *,
+        error_events: bool = True,
+        seal_reasoning: Callable[[str], str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``response`` is the initial snapshot (status ``in_progress`` or ``queued``,
+        empty output). ``error_events=False`` leaves the ``error`` event out before
+        ``response.failed`` (the WebSocket rule). ``seal_reasoning`` turns reasoning text
+        into ``encrypted_content`` when the client asked for it."""
+        if response.status not in ("queued", "in_progress") or response.output:
+            raise IllegalTransition("a response starts queued or in_progress, with no output")
+        self._response = response
+        self._error_events = error_events
+        self._seal_reasoning = seal_reasoning
+        self._clock = clock
+        self._sequence = 0
+        self._output: list[OutputItem] = []
+        self._open: _OpenItem | None = None
+        self._closed_tool_indexes: set[int] = set()
+        self._started = False
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def response(self) -> ResponseResource:
+        return self._response
+
+    @property
+    def status(self) -> str:
+        return self._response.status
+
+    @property
+    def output(self) -> list[OutputItem]:
+        """The closed output items so far (the open one is not included)."""
+        return list(self._output)
+
+    @property
+    def finished(self) -> bool:
+        return self._response.status not in ("queued", "in_progress")
+
+    def _number(self, event: StreamEvent) -> StreamEvent:
+        event.sequence_number = self._sequence
+        self._sequence += 1
+        return event
+
+    def _move(self, status: str, **changes: object) -> None:
+        allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
+        if status not in allowed:
+            raise IllegalTransition(f"response cannot move from {self._response.status} to {status}")
+        self._response = self._response.model_copy(update={"status": status, **changes})
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> list[StreamEvent]:
+        """``response.created`` (and ``response.queued`` for a queued response), then
+        ``response.in_progress`` unless the response is queued."""
+        if self._started:
+            raise IllegalTransition("response already started")
+        self._started = True
+        events = [self._number(ResponseCreated(sequence_number=0, response=self._response))]
+        if self._response.status == "queued":
+            events.append(self._number(ResponseQueued(sequence_number=0, response=self._response)))
+        else:
+            events.append(self._number(ResponseInProgress(sequence_number=0, response=self._response)))
+        return events
+
+    def begin(self) -> list[StreamEvent]:
+        """A queued response starts running: ``response.in_progress``."""
+        self._require_running(queued_ok=True)
+        self._move("in_progress")
+        return [self._number(ResponseInProgress(sequence_number=0, response=self._response))]
+
+    def _require_running(self, *, queued_ok: bool = False) -> None:
+        if not self._started:
+            raise IllegalTransition("response not started")
+        if self._response.status == "queued" and queued_ok:
+            return
+        if self._response.status != "in_progress":
+            raise IllegalTransition(f"response is {self._response.status}, not in_progress")
+
+    # ------------------------------------------------------------ deltas
+
+    def feed(self, delta: Delta) -> list[StreamEvent]:
+        """Apply one backend delta. ``Finish`` ends the response (see :meth:`finish`)."""
+        if isinstance(delta, TextDelta):
+            return self._text(delta.text)
+        if isinstance(delta, ToolCallDelta):
+            return self._tool_call(delta)
+        if isinstance(delta, ReasoningDelta):
+            return self._reasoning(delta.text)
+        if isinstance(delta, Finish):
+            return self.finish(delta.reason, delta.usage)
+        raise TypeError(f"not a delta: {delta!r}")
+
+    def _text(self, text: str) -> list[StreamEvent]:
+        self._require_running()
+        events: list[StreamEvent] = []
+        item = self._open
+        if item is None or item.kind != "message":
+            events += self._close_open("completed")
+            events += self._open_message()
+            item = self._open
+            assert item is not None
+        if text:
+            item.chunks.append(text)
+            events.append(
+                self._number(
+                    OutputTextDelta(
+                        sequence_number=0,
+                        item_id=item.item_id,
+                        output_index=item.output_index,
+                        content_index=0,
+                        delta=text,
+                    )
+                )
+            )
+        return events
+
+    def _tool_call(self, delta: ToolCallDelta) -> list[StreamEvent]:
+        self._require_running()
+        events: list[StreamEvent] = []
+        item = self._open
+        if item is None or item.kind != "function_call" or item.tool_index != delta.index:
+            if delta.index in self._closed_tool_indexes:
+                raise IllegalTransition(f"tool call {delta.index} continued after it was closed")
+            if not delta.name:
+                raise IllegalTransition(f"tool call {delta.index} started without a name")
+            events += self._close_open("completed")
+            events += self._open_function_call(delta.index, delta.name)
+            item = self._open
+            assert item is not None
+        if delta.arguments:
+            item.chunks.append(delta.arguments)
+            events.append(
+                self._number(
+                    FunctionCallArgumentsDelta(
+                        sequence_number=0,
+                        item_id=item.item_id,
+                        output_index=item.output_index,
+                        delta=delta.arguments,
+                    )
+                )
+            )
+        return events
+
+    def _reasoning(self, text: str) -> list[StreamEvent]:
+        self._require_running()
+        events: list[StreamEvent] = []
+        item = self._open
+        if item is None or item.kind != "reasoning":
+            events += self._close_open("completed")
+            events += self._open_reasoning()
+            item = self._open
+            assert item is not None
+        if text:
+            item.chunks.append(text)
+            events.append(
+                self._number(
+                    ReasoningDeltaEvent(
+                        sequence_number=0,
+                        item_id=item.item_id,
+                        output_index=item.output_index,
+                        content_index=0,
+                        delta=text,
+                    )
+                )
+            )
+        return events
+
+    # ------------------------------------------------------------ opening items
+
+    def _next_index(self) -> int:
+        return len(self._output)
+
+    def _open_message(self) -> list[StreamEvent]:
+        item = _OpenItem("message", self._next_index(), ids.message_id())
+        self._open = item
+        return [
+            self._number(
+                OutputItemAdded(
+                    sequence_number=0,
+                    output_index=item.output_index,
+                    item=Message(id=item.item_id, status="in_progress", role="assistant", content=[]),
+                )
+            ),
+            self._number(
+                ContentPartAdded(
+                    sequence_number=0,
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    part=OutputText(text=""),
+                )
+            ),
+        ]
+
+    def _open_function_call(self, tool_index: int, name: str) -> list[StreamEvent]:
+        item = _OpenItem(
+            "function_call",
+            self._next_index(),
+            ids.function_call_id(),
+            call_id=ids.call_id(),
+            name=name,
+            tool_index=tool_index,
+        )
+        self._open = item
+        return [
+            self._number(
+                OutputItemAdded(
+                    sequence_number=0,
+                    output_index=item.output_index,
+                    item=FunctionCall(
+                        id=item.item_id, call_id=item.call_id, name=name, arguments="", status="in_progress"
+                    ),
+                )
+            )
+        ]
+
+    def _open_reasoning(self) -> list[StreamEvent]:
+        item = _OpenItem("reasoning", self._next_index(), ids.reasoning_id())
+        self._open = item
+        return [
+            self._number(
+                OutputItemAdded(
+                    sequence_number=0,
+                    output_index=item.output_index,
+                    item=Reasoning(id=item.item_id, summary=[], status="in_progress"),
+                )
+            ),
+            self._number(
+                ContentPartAdded(
+                    sequence_number=0,
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    part=ReasoningText(text=""),
+                )
+            ),
+        ]
+
+    # ------------------------------------------------------------ closing items
+
+    def _close_open(self, status: str) -> list[StreamEvent]:
+        item = self._open
+        if item is None:
+            return []
+        self._open = None
+        text = "".join(item.chunks)
+        if item.kind == "message":
+            return self._close_message(item, text, status)
+        if item.kind == "function_call":
+            self._closed_tool_indexes.add(item.tool_index)
+            return self._close_function_call(item, text, status)
+        return self._close_reasoning(item, text, status)
+
+    def _close_message(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
+        part = OutputText(text=text)
+        final = Message(id=item.item_id, status=status, role="assistant", content=[part])  # type: ignore[arg-type]
+        self._output.append(final)
+        common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
+        return [
+            self._number(OutputTextDone(sequence_number=0, text=text, **common)),  # type: ignore[arg-type]
+            self._number(ContentPartDone(sequence_number=0, part=part, **common)),  # type: ignore[arg-type]
+            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+        ]
+
+    def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[StreamEvent]:
+        final = FunctionCall(
+            id=item.item_id,
+            call_id=item.call_id,
+            name=item.name,
+            arguments=arguments,
+            status=status,  # type: ignore[arg-type]
+        )
+        self._output.append(final)
+        return [
+            self._number(
+                FunctionCallArgumentsDone(
+                    sequence_number=0, item_id=item.item_id, output_index=item.output_index, arguments=arguments
+                )
+            ),
+            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+        ]
+
+    def _close_reasoning(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
+        part = ReasoningText(text=text)
+        sealed = self._seal_reasoning(text) if self._seal_reasoning is not None else None
+        final = Reasoning(
+            id=item.item_id,
+            summary=[],
+            content=[part],
+            encrypted_content=sealed,
+            status=status,  # type: ignore[arg-type]
+        )
+        self._output.append(final)
+        common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
+        return [
+            self._number(ReasoningDone(sequence_number=0, text=text, **common)),  # type: ignore[arg-type]
+            self._number(ContentPartDone(sequence_number=0, part=part, **common)),  # type: ignore[arg-type]
+            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+        ]
+
+    # ------------------------------------------------------------ terminal events
+
+    def finish(self, reason: FinishReason, usage: BackendUsage | None = None) -> list[StreamEvent]:
+        """The backend finished. ``length`` and ``content_filter`` close the open item as
+        ``incomplete`` and end the response ``incomplete``; anything else completes it.
+        A response that produced nothing still gets one (empty) assistant message, so
+        clients can rely on a message with ``output_text``."""
+        self._require_running()
+        incomplete_reason = _INCOMPLETE_REASONS.get(reason)
+        events: list[StreamEvent] = []
+        if self._open is None and not self._output:
+            events += self._open_message()
+        events += self._close_open("incomplete" if incomplete_reason else "completed")
+        wire_usage = _usage(usage)
+        if incomplete_reason:
+            self._move(
+                "incomplete",
+                output=list(self._output),
+                usage=wire_usage,
+                incomplete_details=IncompleteDetails(reason=incomplete_reason),
+            )
+            events.append(self._number(ResponseIncomplete(sequence_number=0, response=self._response)))
+        else:
+            self._move(
+                "completed",
+                output=list(self._output),
+                usage=wire_usage,
+                completed_at=int(self._clock()),
+            )
+            events.append(self._number(ResponseCompleted(sequence_number=0, response=self._response)))
+        return events
+
+    def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
+        """The response failed after it started: the open item is closed ``incomplete``
+        (nothing half-written is ever marked completed), then the ``error`` event (unless
+        disabled) and ``response.failed``."""
+        if not self._started:
+            raise IllegalTransition("a response that never started cannot fail with events")
+        events = self._close_open("incomplete")
+        if self._error_events:
+            events.append(
+                self._number(ErrorEvent(sequence_number=0, error=ErrorPayload(**error.payload())))
+            )
+        self._move(
+            "failed",
+            output=list(self._output),
+            usage=_usage(usage),
+            error=ResponseError(**error.response_error()),
+        )
+        events.append(self._number(ResponseFailed(sequence_number=0, response=self._response)))
+        return events
+
+    def cancel(self) -> ResponseResource:
+        """Stop a queued or running response without further events (background cancel):
+        the open item is closed ``incomplete`` and the response becomes ``cancelled``."""
+        self._close_open("incomplete")
+        self._move("cancelled", output=list(self._output))
+        return self._response
+
+
+def _usage(usage: BackendUsage | None) -> Usage | None:
+    if usage is None:
+        return None
+    return Usage(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        total_tokens=usage.input_tokens + usage.output_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
+    )

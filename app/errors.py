@@ -1,0 +1,96 @@
+"""The server's error taxonomy, mapped to the Open Responses error object in one place.
+
+    ORSError                      (abstract; status, type, code, param, message)
+     ├── InvalidRequest           400  invalid_request
+     │    ├── ContextLengthExceeded      code context_length_exceeded
+     │    └── PreviousResponseNotFound   code previous_response_not_found
+     ├── Unauthorized             401  invalid_request, code invalid_api_key
+     ├── NotFound                 404  not_found
+     │    └── ModelNotFound              code model_not_found
+     ├── TooManyRequests          429  too_many_requests
+     ├── ServerError              500  server_error
+     └── ModelError               500  model_error   (the model or its upstream failed)
+
+Every layer raises these; the transports turn them into the HTTP error body, the SSE
+``error`` event plus ``response.failed``, or the WebSocket error envelope, using the
+methods below and nothing else. Upstream failures are translated into this taxonomy
+inside each backend, at exactly one boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ORSError(Exception):
+    status: ClassVar[int] = 500
+    type: ClassVar[str] = "server_error"
+    default_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code if code is not None else self.default_code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """The HTTP error body ``{"error": {type, code, param, message}}``."""
+        return {"error": self.payload()}
+
+    def payload(self) -> dict[str, Any]:
+        """The inner error object, as used by the SSE ``error`` event."""
+        return {"type": self.type, "code": self.code, "param": self.param, "message": self.message}
+
+    def response_error(self) -> dict[str, str]:
+        """``ResponseResource.error`` for a failed response: ``{code, message}``."""
+        return {"code": self.code or self.type, "message": self.message}
+
+    def websocket_envelope(self) -> dict[str, Any]:
+        """The WebSocket ``WebSocketErrorEvent``."""
+        return {"type": "error", "status": self.status, "error": self.payload()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code!r}, param={self.param!r})"
+
+
+class InvalidRequest(ORSError):
+    status = 400
+    type = "invalid_request"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    default_code = "context_length_exceeded"
+
+
+class PreviousResponseNotFound(InvalidRequest):
+    default_code = "previous_response_not_found"
+
+
+class Unauthorized(ORSError):
+    status = 401
+    type = "invalid_request"
+    default_code = "invalid_api_key"
+
+
+class NotFound(ORSError):
+    status = 404
+    type = "not_found"
+
+
+class ModelNotFound(NotFound):
+    default_code = "model_not_found"
+
+
+class TooManyRequests(ORSError):
+    status = 429
+    type = "too_many_requests"
+
+
+class ServerError(ORSError):
+    status = 500
+    type = "server_error"
+
+
+class ModelError(ORSError):
+    status = 500
+    type = "model_error"

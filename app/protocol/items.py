@@ -1,0 +1,237 @@
+"""Items: the units of a conversation, as clients send them and as the server emits them.
+
+Input (``ItemParam``) is a union discriminated by ``type`` and, for messages, by ``role``.
+Leniency the spec and its acceptance suite rely on: a message without ``type``, a string
+``content``, and a bare ``{"id": ...}`` item reference. Extension types carry a slug
+prefix (``ors:...``); anything else unknown is rejected with a precise ``param``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from app.protocol.base import ParamModel, WireModel
+from app.protocol.content import (
+    AssistantContentParam,
+    ContentPart,
+    ReasoningText,
+    SummaryText,
+    SummaryTextParam,
+    SystemContentParam,
+    ToolOutputContentParam,
+    ToolOutputPart,
+    UserContentParam,
+)
+
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+Phase = Literal["commentary", "final_answer"]
+MessageRole = Literal["user", "assistant", "system", "developer"]
+
+CallId = Annotated[str, Field(min_length=1, max_length=64)]
+FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+
+# ---------------------------------------------------------------- params (input)
+
+
+class UserMessageParam(ParamModel):
+    type: Literal["message"] = "message"
+    role: Literal["user"]
+    content: str | list[UserContentParam]
+    id: str | None = None
+    status: str | None = None
+
+
+class SystemMessageParam(ParamModel):
+    type: Literal["message"] = "message"
+    role: Literal["system"]
+    content: str | list[SystemContentParam]
+    id: str | None = None
+    status: str | None = None
+
+
+class DeveloperMessageParam(ParamModel):
+    type: Literal["message"] = "message"
+    role: Literal["developer"]
+    content: str | list[SystemContentParam]
+    id: str | None = None
+    status: str | None = None
+
+
+class AssistantMessageParam(ParamModel):
+    type: Literal["message"] = "message"
+    role: Literal["assistant"]
+    content: str | list[AssistantContentParam]
+    id: str | None = None
+    status: str | None = None
+    phase: Phase | None = None
+
+
+class FunctionCallParam(ParamModel):
+    type: Literal["function_call"]
+    call_id: CallId
+    name: FunctionName
+    arguments: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputParam(ParamModel):
+    type: Literal["function_call_output"]
+    call_id: CallId
+    output: str | list[ToolOutputContentParam]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class ReasoningParam(ParamModel):
+    type: Literal["reasoning"]
+    summary: list[SummaryTextParam]
+    id: str | None = None
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus | None = None
+
+
+class CompactionParam(ParamModel):
+    type: Literal["compaction"]
+    encrypted_content: str = Field(max_length=10_485_760)
+    id: str | None = None
+    created_by: str | None = None
+    status: ItemStatus | None = None
+
+
+class ItemReferenceParam(ParamModel):
+    type: Literal["item_reference"] | None = None
+    id: str
+
+
+class ExtensionItemParam(ParamModel):
+    """An item whose ``type`` carries a vendor slug (``acme:thing``). Kept opaque here;
+    the engine decides whether it is ours (``ors:``) or foreign."""
+
+    model_config = ParamModel.model_config | {"extra": "allow"}
+    type: str
+
+
+_MESSAGE_TAGS = {
+    "user": "user_message",
+    "system": "system_message",
+    "developer": "developer_message",
+    "assistant": "assistant_message",
+}
+_ITEM_TAGS = {
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "compaction",
+    "item_reference",
+}
+
+
+def _item_tag(value: Any) -> str | None:
+    """Pick the input-item variant; ``None`` makes pydantic report an unknown type."""
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type")
+    if kind is None:
+        if "role" in value:
+            kind = "message"
+        elif "id" in value:
+            return "item_reference"
+        else:
+            return None
+    if kind == "message":
+        return _MESSAGE_TAGS.get(value.get("role"), "invalid_role")  # type: ignore[arg-type]
+    if kind in _ITEM_TAGS:
+        return kind  # type: ignore[no-any-return]
+    if isinstance(kind, str) and ":" in kind:
+        return "extension"
+    return None
+
+
+class _InvalidRoleMessage(ParamModel):
+    """Never valid: a message with a role outside user/system/developer/assistant."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+
+
+ItemParam = Annotated[
+    Annotated[UserMessageParam, Tag("user_message")]
+    | Annotated[SystemMessageParam, Tag("system_message")]
+    | Annotated[DeveloperMessageParam, Tag("developer_message")]
+    | Annotated[AssistantMessageParam, Tag("assistant_message")]
+    | Annotated[_InvalidRoleMessage, Tag("invalid_role")]
+    | Annotated[FunctionCallParam, Tag("function_call")]
+    | Annotated[FunctionCallOutputParam, Tag("function_call_output")]
+    | Annotated[ReasoningParam, Tag("reasoning")]
+    | Annotated[CompactionParam, Tag("compaction")]
+    | Annotated[ItemReferenceParam, Tag("item_reference")]
+    | Annotated[ExtensionItemParam, Tag("extension")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="unknown_item_type",
+        custom_error_message="Unknown input item type: expected message, function_call, "
+        "function_call_output, reasoning, compaction or item_reference",
+    ),
+]
+
+MessageParam = UserMessageParam | SystemMessageParam | DeveloperMessageParam | AssistantMessageParam
+
+# ---------------------------------------------------------------- fields (output)
+
+
+class Message(WireModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: ItemStatus
+    role: MessageRole
+    content: list[ContentPart]
+    phase: Phase | None = None
+    omit_if_none = frozenset({"phase"})
+
+
+class FunctionCall(WireModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus
+
+
+class FunctionCallOutput(WireModel):
+    type: Literal["function_call_output"] = "function_call_output"
+    id: str
+    call_id: str
+    output: str | list[ToolOutputPart]
+    status: ItemStatus
+
+
+class Reasoning(WireModel):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[SummaryText]
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+    status: ItemStatus
+    """Not in the published schema, but the spec requires a status on every item."""
+    omit_if_none = frozenset({"content", "encrypted_content"})
+
+
+class Compaction(WireModel):
+    type: Literal["compaction"] = "compaction"
+    id: str
+    encrypted_content: str
+    created_by: str | None = None
+    status: ItemStatus = "completed"
+    omit_if_none = frozenset({"created_by"})
+
+
+OutputItem = Annotated[
+    Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction,
+    Field(discriminator="type"),
+]
+"""The spec's ``ItemField``."""

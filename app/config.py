@@ -1,0 +1,58 @@
+"""Settings, from ``ORS_*`` environment variables and command-line flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+
+
+class Settings(BaseSettings):
+    """Everything the server can be told. Build one and pass it to ``create_app``."""
+
+    model_config = SettingsConfigDict(env_prefix="ORS_", env_ignore_empty=True, extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+    default_model: str = DEFAULT_MODEL
+    """Used when a request names no model."""
+    preload_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Local models loaded at start (the default model is always loaded when local)."""
+    model_threads: int = 2
+    model_context: int = 4096
+
+    upstream_url: str | None = None
+    """An OpenAI-compatible Chat Completions base URL, e.g. ``http://127.0.0.1:11434/v1``.
+    Requests for models that are not local go there."""
+    upstream_api_key: SecretStr | None = None
+    upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """If set, only these model ids are routed upstream (others are ``model_not_found``)."""
+
+    data_dir: Path = Path("data")
+    """Where the store, the assembled model file and the generated secret key live."""
+    database_url: str | None = None
+    """SQLAlchemy URL of the store; SQLite under ``data_dir`` when unset."""
+
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    """Bearer keys; empty means one anonymous tenant."""
+    secret_key: SecretStr | None = None
+    ws_max_connection_seconds: float = 3600.0
+
+    foreign_items: Literal["reject", "drop"] = "reject"
+    """What to do with vendor-prefixed input items of other implementations."""
+    log_level: str = "info"
+
+    @field_validator("api_keys", "preload_models", "upstream_models", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    def model_dir(self) -> Path:
+        return self.data_dir / "models"

@@ -1,0 +1,147 @@
+"""What the model sees: Responses items turned into the backend-neutral conversation.
+
+Order is the spec's: instructions first (as a system message), then the items in the
+order given (for a chain: previous input, previous output, new input). Content a
+text-only model cannot take is never dropped silently: an image or a binary file becomes
+a short marker that tells the model it was there.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+
+from app.backends.base import ChatMessage, ToolCall
+from app.protocol.content import (
+    InputFileParam,
+    InputImageParam,
+    InputTextParam,
+    InputVideoParam,
+    OutputTextParam,
+    RefusalParam,
+)
+from app.protocol.items import (
+    AssistantMessageParam,
+    DeveloperMessageParam,
+    FunctionCallOutputParam,
+    FunctionCallParam,
+    ReasoningParam,
+    SystemMessageParam,
+    UserMessageParam,
+)
+
+MAX_INLINE_FILE_CHARS = 100_000
+_TEXT_MEDIA_PREFIXES = ("text/", "application/json", "application/xml", "application/x-yaml")
+
+
+def image_marker(part: InputImageParam) -> str:
+    source = "an uploaded file" if part.file_id else "a data URL" if (part.image_url or "").startswith("data:") else "a URL"
+    return f"[An image ({source}) was attached here. This model cannot see images; say so if the question depends on it.]"
+
+
+def file_text(part: InputFileParam) -> str:
+    """The text of an attached file when it is text, else a marker naming it."""
+    name = part.filename or "unnamed file"
+    if part.file_data:
+        media, payload = _split_data_url(part.file_data)
+        if media is None or media.startswith(_TEXT_MEDIA_PREFIXES):
+            try:
+                decoded = base64.b64decode(payload, validate=True).decode("utf-8")
+            except (binascii.Error, ValueError, UnicodeDecodeError):
+                decoded = None
+            if decoded is not None:
+                if len(decoded) > MAX_INLINE_FILE_CHARS:
+                    decoded = decoded[:MAX_INLINE_FILE_CHARS] + "\n[... file truncated ...]"
+                return f"[File {name}]\n{decoded}\n[End of file {name}]"
+    where = f" at {part.file_url}" if part.file_url else ""
+    return f"[A file ({name}{where}) was attached here. Its content is not readable as text by this model.]"
+
+
+def _split_data_url(data: str) -> tuple[str | None, str]:
+    if data.startswith("data:") and "," in data:
+        header, payload = data[5:].split(",", 1)
+        return header.split(";", 1)[0] or None, payload
+    return None, data
+
+
+def _parts_text(parts: Iterable[object]) -> str:
+    pieces: list[str] = []
+    for part in parts:
+        if isinstance(part, InputTextParam | OutputTextParam):
+            pieces.append(part.text)
+        elif isinstance(part, RefusalParam):
+            pieces.append(part.refusal)
+        elif isinstance(part, InputImageParam):
+            pieces.append(image_marker(part))
+        elif isinstance(part, InputFileParam):
+            pieces.append(file_text(part))
+        elif isinstance(part, InputVideoParam):
+            pieces.append("[A video was attached here. This model cannot watch videos.]")
+    return "\n".join(pieces)
+
+
+def _content_text(content: str | Sequence[object]) -> str:
+    return content if isinstance(content, str) else _parts_text(content)
+
+
+def build_messages(instructions: str | None, items: Iterable[object]) -> list[ChatMessage]:
+    """Turn ``instructions`` and input items (already checked) into chat messages.
+
+    Consecutive ``function_call`` items become one assistant message with several tool
+    calls, joined to the assistant text right before them; reasoning is attached to the
+    assistant message that follows it.
+    """
+    messages: list[ChatMessage] = []
+    if instructions:
+        messages.append(ChatMessage(role="system", content=instructions))
+    pending_reasoning: list[str] = []
+    for item in items:
+        if isinstance(item, UserMessageParam):
+            messages.append(ChatMessage(role="user", content=_content_text(item.content)))
+        elif isinstance(item, SystemMessageParam):
+            messages.append(ChatMessage(role="system", content=_content_text(item.content)))
+        elif isinstance(item, DeveloperMessageParam):
+            messages.append(ChatMessage(role="developer", content=_content_text(item.content)))
+        elif isinstance(item, AssistantMessageParam):
+            messages.append(
+                ChatMessage(
+                    role="assistant",
+                    content=_content_text(item.content),
+                    reasoning="\n".join(pending_reasoning) or None,
+                    phase=item.phase,
+                )
+            )
+            pending_reasoning = []
+        elif isinstance(item, FunctionCallParam):
+            call = ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
+            last = messages[-1] if messages else None
+            if last is not None and last.role == "assistant":
+                messages[-1] = ChatMessage(
+                    role="assistant",
+                    content=last.content,
+                    tool_calls=(*last.tool_calls, call),
+                    reasoning=last.reasoning,
+                    phase=last.phase,
+                )
+            else:
+                messages.append(
+                    ChatMessage(
+                        role="assistant",
+                        tool_calls=(call,),
+                        reasoning="\n".join(pending_reasoning) or None,
+                    )
+                )
+                pending_reasoning = []
+        elif isinstance(item, FunctionCallOutputParam):
+            messages.append(
+                ChatMessage(role="tool", content=_content_text(item.output), tool_call_id=item.call_id)
+            )
+        elif isinstance(item, ReasoningParam):
+            text = "\n".join(s.text for s in item.summary)
+            raw = "\n".join(str(c.get("text", "")) for c in item.content or [] if isinstance(c, dict))
+            if raw or text:
+                pending_reasoning.append(raw or text)
+        else:
+            raise TypeError(f"item of type {type(item).__name__} must be resolved before build_messages")
+    return messages

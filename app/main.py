@@ -1,0 +1,100 @@
+"""``create_app(settings)``: the one place where the parts are wired together."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.backends.base import Backend
+from app.config import Settings
+from app.engine.models import ModelRouter
+from app.engine.turn import Engine
+from app.transport.auth import KeyAuthenticator
+from app.transport.errors import install_error_handlers
+from app.transport.http import install_routes
+
+log = logging.getLogger("ors")
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+def default_backends(settings: Settings) -> list[Backend]:
+    """The embedded models, then the upstream when one is configured."""
+    from app.backends.local import LocalBackend
+
+    backends: list[Backend] = [
+        LocalBackend(
+            cache_dir=settings.model_dir(),
+            n_threads=settings.model_threads,
+            n_ctx=settings.model_context,
+            preload=_preload(settings),
+        )
+    ]
+    if settings.upstream_url:
+        from app.backends.chat_completions import ChatCompletionsBackend
+
+        backends.append(
+            ChatCompletionsBackend(
+                base_url=settings.upstream_url,
+                api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
+                models=settings.upstream_models or None,
+            )
+        )
+    return backends
+
+
+def _preload(settings: Settings) -> list[str]:
+    from app.backends.model_files import LOCAL_MODELS
+
+    wanted = [settings.default_model, *settings.preload_models]
+    return [model for model in dict.fromkeys(wanted) if model in LOCAL_MODELS]
+
+
+def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None) -> FastAPI:
+    """Build the application. ``backends`` replaces the default set (tests use it to add
+    the scripted backend); they are started and closed with the app."""
+    chosen = list(backends) if backends is not None else default_backends(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _warn_about_exposure(settings)
+        for backend in chosen:
+            await backend.start()
+        app.state.ready = True
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            for backend in reversed(chosen):
+                await backend.aclose()
+
+    app = FastAPI(
+        title="Open Responses Server",
+        version="0.1.0",
+        lifespan=lifespan,
+        max_body_size=MAX_BODY_BYTES,
+    )
+    app.state.settings = settings
+    app.state.ready = False
+    app.state.engine = Engine(ModelRouter(chosen, settings.default_model))
+    app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
+    install_error_handlers(app)
+    install_routes(app)
+    return app
+
+
+def _warn_about_exposure(settings: Settings) -> None:
+    if settings.api_keys:
+        log.info("API keys configured: %d tenant(s)", len(settings.api_keys))
+        return
+    log.info("no API keys configured: serving one anonymous tenant")
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if not loopback:
+        log.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)

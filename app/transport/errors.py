@@ -1,0 +1,58 @@
+"""Every HTTP error leaves the server as the spec's error object, from here."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.errors import InvalidRequest, NotFound, ORSError, ServerError
+
+log = logging.getLogger("ors.http")
+
+
+def error_response(error: ORSError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ORSError)
+    async def _ors_error(_: Request, exc: ORSError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = [str(step) for step in first["loc"] if step not in ("body", "query", "path", "header")]
+        param = ".".join(where) or None
+        return error_response(
+            InvalidRequest(f"Invalid value for '{param}': {first['msg']}.", code="invalid_value", param=param)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            error: ORSError = NotFound(f"No route for {request.method} {request.url.path}.", code="unknown_route")
+        elif exc.status_code == 405:
+            error = InvalidRequest(
+                f"Method {request.method} is not allowed on {request.url.path}.", code="method_not_allowed"
+            )
+            return JSONResponse(error.body(), status_code=405)
+        elif exc.status_code == 413:
+            error = InvalidRequest("The request body is too large.", code="request_too_large")
+            return JSONResponse(error.body(), status_code=413)
+        elif exc.status_code < 500:
+            error = InvalidRequest(str(exc.detail))
+            return JSONResponse(error.body(), status_code=exc.status_code)
+        else:
+            error = ServerError(str(exc.detail))
+        return error_response(error)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(ServerError("The server failed to handle this request."))

@@ -1,0 +1,70 @@
+"""Server-sent events exactly as the spec frames them.
+
+Each event is written as one ``event: <type>`` line and one ``data: <json>`` line,
+``\\n`` line endings, in a single send; no ``id:``; the stream ends with ``data: [DONE]``.
+Keep-alive pings are SSE comments, which clients ignore.
+
+Races (see ARCHITECTURE.md):
+
+* client gone: sse-starlette cancels the body generator; the turn's pump task is
+  cancelled with it and closes the backend stream, stopping generation.
+* upstream fails: the turn itself turns the failure into ``error`` + ``response.failed``.
+* server shutdown: sse-starlette sets ``shutdown_event``; the watcher interrupts the
+  turn, whose events then end with ``response.failed``, and ``[DONE]`` follows, within
+  the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import anyio
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app.engine.turn import Turn
+from app.errors import ServerError
+
+PING_SECONDS = 15
+SHUTDOWN_GRACE_SECONDS = 5.0
+
+
+DONE_FRAME = b"data: [DONE]\n\n"
+
+
+def encode_event(event_type: str, data: str) -> bytes:
+    """One SSE block: the ``event`` line, one ``data`` line (JSON never holds a raw
+    newline), and the blank line."""
+    return f"event: {event_type}\ndata: {data}\n\n".encode()
+
+
+def stream_turn(turn: Turn) -> EventSourceResponse:
+    """The SSE response for a prepared turn."""
+    shutdown = anyio.Event()
+
+    async def body() -> AsyncIterator[bytes]:
+        watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown))
+        try:
+            async for event in turn.events():
+                yield encode_event(event.type, event.model_dump_json())
+            yield DONE_FRAME
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    return EventSourceResponse(
+        body(),
+        sep="\n",
+        ping=PING_SECONDS,
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_SECONDS,
+    )
+
+
+async def _interrupt_on_shutdown(turn: Turn, shutdown: anyio.Event) -> None:
+    await shutdown.wait()
+    turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down"))

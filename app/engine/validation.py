@@ -53,26 +53,36 @@ def _aliases(model: type[BaseModel]) -> set[str]:
 
 
 def to_invalid_request(exc: ValidationError, data: Any) -> InvalidRequest:
-    best: tuple[int, str, dict[str, Any]] | None = None
+    """The one error to report: the first in document order, skipping a union branch's
+    "wrong type" complaint when another branch got further into the same value."""
+    found: list[tuple[int, str, dict[str, Any]]] = []
     for error in exc.errors(include_url=False):
         depth, param = _param_path(error["loc"], data)
-        if error["type"] in ("unknown_item_type", "union_tag_invalid", "union_tag_not_found"):
+        if error["type"] in _TAG_ERRORS and isinstance(error.get("input"), dict):
             param = f"{param}.type" if param else "type"
             depth += 1
-        if best is None or depth > best[0]:
-            best = (depth, param, error)
-    assert best is not None
-    _, param, error = best
+        found.append((depth, param, error))
+    relevant = [
+        entry
+        for entry in found
+        if not (
+            entry[2]["type"].endswith("_type")
+            and any(other[0] > entry[0] and other[1].startswith(entry[1]) for other in found)
+        )
+    ]
+    _, param, error = (relevant or found)[0]
     code = _CODES.get(error["type"], "invalid_value")
-    message = _message(error, param)
-    return InvalidRequest(message, code=code, param=param or None)
+    return InvalidRequest(_message(error, param), code=code, param=param or None)
 
+
+_TAG_ERRORS = ("unknown_item_type", "union_tag_invalid", "union_tag_not_found")
 
 _CODES = {
     "missing": "missing_required_parameter",
     "extra_forbidden": "unknown_parameter",
     "unknown_item_type": "invalid_type",
     "union_tag_invalid": "invalid_type",
+    "union_tag_not_found": "invalid_type",
     "literal_error": "invalid_value",
     "string_too_long": "string_above_max_length",
     "too_long": "array_above_max_length",
@@ -87,8 +97,10 @@ def _message(error: dict[str, Any], param: str) -> str:
         return f"Missing required parameter: {where}."
     if kind == "extra_forbidden":
         return f"Unknown parameter: {where}."
-    if kind in ("unknown_item_type", "union_tag_invalid", "union_tag_not_found"):
+    if kind in _TAG_ERRORS:
         value = error.get("input")
+        if not isinstance(value, dict):
+            return f"Invalid value for {where}: expected an object with a 'type', got {type(value).__name__}."
         got = value.get("type") if isinstance(value, dict) else value
         return f"Invalid value {got!r} for {where}: {error['msg']}."
     return f"Invalid value for {where}: {error['msg']}."

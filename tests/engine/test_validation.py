@@ -1,0 +1,87 @@
+"""Malformed requests get a precise 400 naming the offending ``param``."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.validation import decode_json, parse_body
+from app.errors import InvalidRequest
+from app.protocol.responses import CreateResponseBody
+
+
+def _error(data: object) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_body(CreateResponseBody, data)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}, {"type": "bogus"}]}]},
+         "input[0].content[1].type", "invalid_type"),
+        ({"input": ["ok", {"type": "foo"}]}, "input[0]", "invalid_type"),
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "foo"}]}, "input[1].type", "invalid_type"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input[0].call_id",
+         "missing_required_parameter"),
+        ({"input": [{"role": "user", "content": "x", "extra": 1}]}, "input[0].extra", "unknown_parameter"),
+        ({"input": [{"role": "assistant", "content": [{"type": "output_text"}]}]}, "input[0].content[0].text",
+         "missing_required_parameter"),
+        ({"temperature": "hot"}, "temperature", "invalid_value"),
+        ({"temperature": 3}, "temperature", "invalid_value"),
+        ({"max_output_tokens": 3}, "max_output_tokens", "invalid_value"),
+        ({"tools": [{"type": "function"}]}, "tools[0].name", "missing_required_parameter"),
+        ({"tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name", "invalid_value"),
+        ({"tool_choice": "sometimes"}, "tool_choice", "invalid_value"),
+        ({"metadata": {"k": "v" * 513}}, "metadata.k", "string_above_max_length"),
+        ({"safety_identifier": "x" * 65}, "safety_identifier", "string_above_max_length"),
+        ({"text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema",
+         "missing_required_parameter"),
+    ],
+)
+def test_param_paths(body: dict[str, object], param: str, code: str) -> None:
+    error = _error({"model": "m", **body})
+    assert (error.param, error.code) == (param, code)
+    assert error.status == 400 and error.type == "invalid_request"
+    assert param in error.message
+
+
+def test_body_must_be_an_object() -> None:
+    assert _error(["not", "an", "object"]).code == "invalid_type"
+
+
+def test_broken_json_says_where() -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        decode_json(b'{"model": "m",, }')
+    assert caught.value.code == "invalid_json" and "line 1" in caught.value.message
+
+
+def test_unknown_top_level_fields_are_ignored_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="ors.request")
+    body = parse_body(CreateResponseBody, {"model": "m", "input": "hi", "client_metadata": {"a": 1}})
+    assert body.input == "hi"
+    assert "client_metadata" in caplog.text
+
+
+def test_lenient_shapes_the_spec_allows() -> None:
+    body = parse_body(
+        CreateResponseBody,
+        {
+            "input": [
+                {"role": "system", "content": "be brief"},
+                {"role": "developer", "content": [{"type": "input_text", "text": "rules"}]},
+                {"role": "user", "content": "hi"},
+                {"type": "message", "role": "assistant", "content": "hello", "phase": "commentary"},
+                {"role": "assistant", "content": [{"type": "output_text", "text": "x", "annotations": []}],
+                 "phase": "final_answer", "id": "msg_1", "status": "completed"},
+                {"id": "msg_ref"},
+            ]
+        },
+    )
+    assert body.input is not None and len(body.input) == 6
+    kinds = [type(item).__name__ for item in body.input]
+    assert kinds == [
+        "SystemMessageParam", "DeveloperMessageParam", "UserMessageParam",
+        "AssistantMessageParam", "AssistantMessageParam", "ItemReferenceParam",
+    ]
+    assert body.input[3].phase == "commentary"  # type: ignore[union-attr]

@@ -448,30 +448,50 @@ class ResponseBuilder:
         return events
 
     def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
-        """The response failed after it started: the open item is closed ``incomplete``
-        (nothing half-written is ever marked completed), then the ``error`` event (unless
-        disabled) and ``response.failed``."""
+        """The response failed after it started: the ``error`` event (unless disabled),
+        then ``response.failed``. An item that was still streaming is not closed with
+        events (only a budget stop may close an item ``incomplete``); it appears in the
+        failed response's output with status ``incomplete``, so nothing half-written is
+        ever marked completed and nothing streamed is lost."""
         if not self._started:
             raise IllegalTransition("a response that never started cannot fail with events")
-        events = self._close_open("incomplete")
+        events: list[StreamEvent] = []
+        partial = self._abandon_open()
         if self._error_events:
             events.append(
                 self._number(ErrorEvent(sequence_number=0, error=ErrorPayload(**error.payload())))
             )
         self._move(
             "failed",
-            output=list(self._output),
+            output=[*self._output, *partial],
             usage=_usage(usage),
             error=ResponseError(**error.response_error()),
         )
         events.append(self._number(ResponseFailed(sequence_number=0, response=self._response)))
         return events
 
+    def _abandon_open(self) -> list[OutputItem]:
+        """The open item as an ``incomplete`` wire item, without events."""
+        item = self._open
+        if item is None:
+            return []
+        self._open = None
+        text = "".join(item.chunks)
+        if item.kind == "message":
+            return [Message(id=item.item_id, status="incomplete", role="assistant", content=[OutputText(text=text)])]
+        if item.kind == "function_call":
+            return [
+                FunctionCall(
+                    id=item.item_id, call_id=item.call_id, name=item.name, arguments=text, status="incomplete"
+                )
+            ]
+        return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)], status="incomplete")]
+
     def cancel(self) -> ResponseResource:
         """Stop a queued or running response without further events (background cancel):
-        the open item is closed ``incomplete`` and the response becomes ``cancelled``."""
-        self._close_open("incomplete")
-        self._move("cancelled", output=list(self._output))
+        the open item is kept as ``incomplete`` and the response becomes ``cancelled``."""
+        partial = self._abandon_open()
+        self._move("cancelled", output=[*self._output, *partial])
         return self._response
 
 

@@ -1,0 +1,143 @@
+"""The acceptance-suite framework: a registry of named checks and a runner.
+
+A check is a function that receives a ``Session`` (the target server's configuration
+and a shared HTTP client) and returns normally to pass, raises ``ConformanceError`` to
+fail, or raises ``Skip`` when the server does not offer an optional feature. Checks are
+registered with ``@register(name, transport=...)``; ``run`` executes them in
+registration order and reports one ``Outcome`` per check. Transports other than HTTP
+(WebSocket) plug in by registering their own checks under their own transport name.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from compliance.errors import ConformanceError
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """Where and how to reach the server under test."""
+
+    base_url: str
+    model: str
+    api_key: str | None = None
+    auth_header: str = "Authorization"
+    bearer: bool = True
+    timeout: float = 300.0
+    block_aligned_chunks: bool = False
+
+    def headers(self) -> dict[str, str]:
+        """Request headers: JSON content type and, when a key is set, authorization."""
+        headers = {"Content-Type": "application/json"}
+        if self.api_key is not None:
+            headers[self.auth_header] = f"Bearer {self.api_key}" if self.bearer else self.api_key
+        return headers
+
+    def url(self, path: str) -> str:
+        return self.base_url.rstrip("/") + path
+
+
+class Skip(Exception):
+    """The server does not offer the (optional) feature a check exercises."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one check."""
+
+    name: str
+    status: Literal["PASS", "FAIL", "SKIP"]
+    reason: str = ""
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        """``PASS name``, ``FAIL name: reason`` or ``SKIP name: reason``."""
+        return f"{self.status} {self.name}" + (f": {self.reason}" if self.reason else "")
+
+
+@dataclass
+class Session:
+    """State shared by the checks of one run: the configuration and lazily created clients."""
+
+    config: SuiteConfig
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    def resource(self, key: str, factory: Callable[[], Any]) -> Any:
+        """The session-wide object stored under ``key``, created by ``factory`` on first use."""
+        if key not in self.resources:
+            self.resources[key] = factory()
+        return self.resources[key]
+
+    def close(self) -> None:
+        for resource in self.resources.values():
+            close = getattr(resource, "close", None)
+            if callable(close):
+                close()
+        self.resources.clear()
+
+
+Check = Callable[[Session], None]
+
+
+@dataclass(frozen=True)
+class RegisteredCheck:
+    name: str
+    transport: str
+    function: Check
+    description: str
+
+
+REGISTRY: dict[str, RegisteredCheck] = {}
+
+
+def register(name: str, *, transport: str = "http") -> Callable[[Check], Check]:
+    """Register ``function`` as the check called ``name``; its docstring's first line describes it."""
+
+    def decorate(function: Check) -> Check:
+        if name in REGISTRY:
+            raise ValueError(f"a check named {name!r} is already registered")
+        description = (function.__doc__ or "").strip().splitlines()[0] if function.__doc__ else ""
+        REGISTRY[name] = RegisteredCheck(name, transport, function, description)
+        return function
+
+    return decorate
+
+
+def select(names: Iterable[str] | None = None, transports: Iterable[str] | None = None) -> list[RegisteredCheck]:
+    """Registered checks filtered by name and transport, in registration order."""
+    wanted = set(names) if names else None
+    unknown = (wanted or set()) - REGISTRY.keys()
+    if unknown:
+        raise ValueError(f"unknown checks: {', '.join(sorted(unknown))}")
+    allowed = set(transports) if transports else None
+    return [check for check in REGISTRY.values()
+            if (wanted is None or check.name in wanted) and (allowed is None or check.transport in allowed)]
+
+
+def run(config: SuiteConfig, checks: Iterable[RegisteredCheck], *,
+        session: Session | None = None) -> Iterator[Outcome]:
+    """Run ``checks`` one after another against the server, yielding each outcome as it is known.
+
+    ``session`` may be given with resources already in place (a client bound to an
+    in-process server, for instance); it is closed at the end either way.
+    """
+    session = session or Session(config)
+    try:
+        for check in checks:
+            started = time.monotonic()
+            try:
+                check.function(session)
+            except Skip as skip:
+                yield Outcome(check.name, "SKIP", str(skip), time.monotonic() - started)
+            except ConformanceError as error:
+                yield Outcome(check.name, "FAIL", str(error), time.monotonic() - started)
+            except Exception as error:  # noqa: BLE001 - any crash of a check is that check's failure
+                yield Outcome(check.name, "FAIL", f"{type(error).__name__}: {error}", time.monotonic() - started)
+            else:
+                yield Outcome(check.name, "PASS", "", time.monotonic() - started)
+    finally:
+        session.close()

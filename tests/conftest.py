@@ -1,0 +1,83 @@
+"""Shared fixtures: real servers on loopback, the test model, the scripted backend.
+
+``SMOL`` (SmolLM2-135M, ~100 tokens/s) is the model for plumbing tests; the default
+Qwen model is used only where a test needs a model that can reason or pick a tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from app.backends.local import LocalBackend
+from app.backends.scripted import Script, ScriptedBackend, text_script
+from app.config import Settings
+from app.errors import ModelError
+from app.main import create_app
+from tests.client import Client
+from tests.live import LiveServer
+
+SMOL = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-1.5b-instruct"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared by every test server, so the default model is assembled once per run."""
+    return tmp_path_factory.mktemp("models")
+
+
+def scripted_backend() -> ScriptedBackend:
+    """Deterministic models for paths a real model cannot be made to take on demand
+    (a failure in the middle of a stream, reasoning, a tool call). Named as such."""
+    return ScriptedBackend(
+        {
+            "scripted-text": text_script("Hello", ", ", "world", "."),
+            "scripted-fail": Script(text_script("partial", " answer"), fail_after=2,
+                                    error=ModelError("The upstream model went away.", code="upstream_unavailable")),
+            "scripted-length": [TextDelta("cut"), TextDelta(" short"), Finish("length", Usage(5, 16))],
+            "scripted-reasoning": [
+                ReasoningDelta("Think first."),
+                TextDelta("Answer."),
+                Finish("stop", Usage(4, 3, reasoning_tokens=1)),
+            ],
+            "scripted-tool": [
+                ToolCallDelta(0, name="get_weather", arguments='{"city":'),
+                ToolCallDelta(0, arguments=' "Paris"}'),
+                Finish("tool_calls", Usage(7, 5)),
+            ],
+            "scripted-empty": [Finish("stop", Usage(3, 0))],
+            "scripted-slow": Script(text_script(*["tick "] * 400), delay=0.05),
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def scripted() -> ScriptedBackend:
+    return scripted_backend()
+
+
+@pytest.fixture(scope="session")
+def server(model_dir: Path, scripted: ScriptedBackend) -> Iterator[LiveServer]:
+    """The real server on 127.0.0.1 with SmolLM2 as its default model, plus the
+    scripted models."""
+    settings = Settings(default_model=SMOL, data_dir=model_dir.parent / "server-data")
+    local = LocalBackend(model_dir, n_threads=2, preload=[SMOL], models=[SMOL, QWEN])
+    server = LiveServer(create_app(settings, backends=[local, scripted])).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def client(server: LiveServer) -> Iterator[Client]:
+    client = Client(server.url)
+    yield client
+    client.close()

@@ -1,0 +1,60 @@
+"""``ors serve`` as a user runs it: a child process configured by ``ORS_*`` variables."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.client import Client
+from tests.conftest import SMOL
+from tests.live import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL, "ORS_API_KEYS": "k1,k2"}, tmp_path_factory.mktemp("cli"))
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_serves_the_configured_default_model(process: ServerProcess) -> None:
+    client = Client(process.url, api_key="k2")
+    response = client.create(input="Hello!", max_output_tokens=16)
+    assert response["model"] == SMOL
+    result = client.stream(input="Hello!", max_output_tokens=16)
+    assert result.final["model"] == SMOL
+
+
+def test_models_and_health(process: ServerProcess) -> None:
+    assert httpx.get(f"{process.url}/healthz").status_code == 200
+    models = httpx.get(f"{process.url}/v1/models", headers={"Authorization": "Bearer k1"}).json()
+    assert {m["id"] for m in models["data"]} >= {SMOL, "qwen2.5-coder-1.5b-instruct"}
+
+
+def test_api_keys_are_required(process: ServerProcess) -> None:
+    reply = httpx.post(f"{process.url}/v1/responses", json={"input": "x"})
+    assert reply.status_code == 401
+    assert reply.json()["error"]["code"] == "invalid_api_key"
+    wrong = httpx.post(f"{process.url}/v1/responses", json={"input": "x"}, headers={"Authorization": "Bearer k3"})
+    assert wrong.status_code == 401
+
+
+def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    assert "no API keys configured" in server.log()
+
+
+def test_help_lists_the_commands() -> None:
+    ors = Path(sys.executable).parent / "ors"
+    result = subprocess.run([str(ors), "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "serve" in result.stdout

@@ -1,0 +1,62 @@
+"""The official ``openai`` Python SDK against the real server: its typed parsing of
+responses and stream events must accept everything the server sends."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import SMOL
+from tests.live import LiveServer
+
+
+@pytest.fixture()
+def sdk(server: LiveServer) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_create_without_stream(sdk: OpenAI) -> None:
+    response = sdk.responses.create(model=SMOL, input="Say hi.", max_output_tokens=16)
+    assert response.id.startswith("resp_")
+    assert response.status in ("completed", "incomplete")
+    assert response.output_text.strip()
+    assert response.usage is not None and response.usage.total_tokens > 0
+
+
+def test_create_with_stream(sdk: OpenAI) -> None:
+    seen: list[str] = []
+    with sdk.responses.create(model=SMOL, input="Say hi.", max_output_tokens=16, stream=True) as stream:
+        for event in stream:
+            seen.append(event.type)
+            assert type(event).__name__ != "BaseModel"
+    assert seen[0] == "response.created" and seen[-1] in ("response.completed", "response.incomplete")
+    assert "response.output_text.delta" in seen
+
+
+def test_stream_helper_accumulates_the_final_response(sdk: OpenAI) -> None:
+    with sdk.responses.stream(model="scripted-reasoning", input="x") as stream:
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == final.output_text == "Answer."
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+
+
+def test_function_call_items_parse(sdk: OpenAI) -> None:
+    response = sdk.responses.create(
+        model="scripted-tool",
+        input="weather in Paris?",
+        tools=[{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}],
+    )
+    call = response.output[0]
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.arguments == '{"city": "Paris"}'
+
+
+def test_errors_become_sdk_exceptions(sdk: OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as caught:
+        sdk.responses.create(model="no-such-model", input="x")
+    assert caught.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        sdk.responses.create(model=SMOL, input="x", temperature=5)
+    assert bad.value.param == "temperature"

@@ -50,8 +50,10 @@ def test_sigterm_shuts_down_cleanly(tmp_path: Path) -> None:
     server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
-    assert server.process.wait(timeout=30) == 0
-    assert "no API keys configured" in server.log()
+    # uvicorn finishes its shutdown, then re-raises the signal to end as a SIGTERM'd process
+    assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    log = server.log()
+    assert "no API keys configured" in log and "Application shutdown complete" in log
 
 
 def test_help_lists_the_commands() -> None:

@@ -9,11 +9,15 @@ from collections.abc import Sequence
 
 from app.config import Settings
 
+GRACEFUL_SHUTDOWN_SECONDS = 15
+"""How long open streams get to end after a stop signal; they need far less."""
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
+    from app.serve import Server
 
     overrides = {key: value for key, value in {"host": args.host, "port": args.port}.items() if value is not None}
     settings = Settings(**overrides)
@@ -21,13 +25,14 @@ def _serve(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
+    Server(config, app.state.drain).run()
     return 0
 
 

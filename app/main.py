@@ -14,6 +14,7 @@ from app.config import Settings
 from app.engine.models import ModelRouter
 from app.engine.turn import Engine
 from app.transport.auth import KeyAuthenticator
+from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
 from app.transport.http import install_routes
 
@@ -62,6 +63,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _warn_about_exposure(settings)
+        app.state.drain.bind()
         for backend in chosen:
             await backend.start()
         app.state.ready = True
@@ -80,6 +82,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     )
     app.state.settings = settings
     app.state.ready = False
+    app.state.drain = Drain()
     app.state.engine = Engine(ModelRouter(chosen, settings.default_model))
     app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
     install_error_handlers(app)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 from fastapi import FastAPI
+
+from app.serve import Server
 
 
 class LiveServer:
@@ -33,7 +36,7 @@ class LiveServer:
             lifespan="on",
             timeout_graceful_shutdown=graceful_seconds,
         )
-        self.server = uvicorn.Server(config)
+        self.server = Server(config, app.state.drain)
         self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)
         self.port = 0
 
@@ -54,7 +57,8 @@ class LiveServer:
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        """What SIGTERM does: drain open streams, then stop."""
+        self.server.handle_exit(signal.SIGTERM, None)
         self.thread.join(timeout=30)
 
 

@@ -61,7 +61,7 @@ async def create_response(request: Request, engine: EngineDep, _: TenantDep) -> 
     body = parse_body(CreateResponseBody, decode_json(await request.body()))
     turn = engine.prepare(body)
     if body.stream:
-        return stream_turn(turn)
+        return stream_turn(turn, request.app.state.drain)
     response = await _run_while_connected(request, turn)
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)

@@ -9,9 +9,9 @@ Races (see ARCHITECTURE.md):
 * client gone: sse-starlette cancels the body generator; the turn's pump task is
   cancelled with it and closes the backend stream, stopping generation.
 * upstream fails: the turn itself turns the failure into ``error`` + ``response.failed``.
-* server shutdown: sse-starlette sets ``shutdown_event``; the watcher interrupts the
-  turn, whose events then end with ``response.failed``, and ``[DONE]`` follows, within
-  the grace period.
+* server shutdown: the app's :class:`~app.transport.drain.Drain` (or sse-starlette's
+  own ``shutdown_event``) fires; the watcher interrupts the turn, whose events then end
+  with ``response.failed``, and ``[DONE]`` follows, within the grace period.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app.engine.turn import Turn
 from app.errors import ServerError
+from app.transport.drain import Drain
 
 PING_SECONDS = 15
 SHUTDOWN_GRACE_SECONDS = 5.0
@@ -39,12 +40,12 @@ def encode_event(event_type: str, data: str) -> bytes:
     return f"event: {event_type}\ndata: {data}\n\n".encode()
 
 
-def stream_turn(turn: Turn) -> EventSourceResponse:
+def stream_turn(turn: Turn, drain: Drain) -> EventSourceResponse:
     """The SSE response for a prepared turn."""
     shutdown = anyio.Event()
 
     async def body() -> AsyncIterator[bytes]:
-        watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown))
+        watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
         try:
             async for event in turn.events():
                 yield encode_event(event.type, event.model_dump_json())
@@ -65,6 +66,15 @@ def stream_turn(turn: Turn) -> EventSourceResponse:
     )
 
 
-async def _interrupt_on_shutdown(turn: Turn, shutdown: anyio.Event) -> None:
-    await shutdown.wait()
+async def _interrupt_on_shutdown(turn: Turn, shutdown: anyio.Event, drain: Drain) -> None:
+    """Interrupt the turn when the app drains or sse-starlette sees uvicorn stopping."""
+    async with anyio.create_task_group() as group:
+
+        async def on_drain() -> None:
+            await drain.wait()
+            group.cancel_scope.cancel()
+
+        group.start_soon(on_drain)
+        await shutdown.wait()
+        group.cancel_scope.cancel()
     turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down"))

@@ -60,3 +60,21 @@ def test_help_lists_the_commands() -> None:
     ors = Path(sys.executable).parent / "ors"
     result = subprocess.run([str(ors), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "serve" in result.stdout
+
+
+def test_sigterm_during_a_stream_still_ends_it_properly(tmp_path: Path) -> None:
+    import threading
+
+    from compliance import check_sse_body
+
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
+    assert server.process is not None
+    body = {"input": "Write a very long story about the sea.", "max_output_tokens": 2000, "stream": True}
+    raw = bytearray()
+    with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as reply:
+        threading.Timer(0.5, server.process.send_signal, (signal.SIGTERM,)).start()
+        for chunk in reply.iter_raw():
+            raw += chunk
+    final = check_sse_body(bytes(raw))
+    assert final["status"] == "failed" and final["error"]["code"] == "server_shutting_down"
+    assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)

@@ -1,0 +1,22 @@
+"""Running the app under uvicorn, with draining on exit."""
+
+from __future__ import annotations
+
+from types import FrameType
+
+import uvicorn
+
+from app.transport.drain import Drain
+
+
+class Server(uvicorn.Server):
+    """A uvicorn server that starts draining the app's streams as soon as it is asked to
+    exit (SIGTERM, SIGINT, or ``handle_exit`` called by an embedding program)."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+        super().__init__(config)
+        self.drain = drain
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.drain.begin()
+        super().handle_exit(sig, frame)

@@ -1,0 +1,81 @@
+"""The races of a stream: the client goes away, the server shuts down."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from app.config import Settings
+from app.main import create_app
+from compliance import SSEParser, StreamChecker
+from tests.conftest import scripted_backend
+from tests.live import LiveServer
+
+
+def _wait_for(condition, timeout: float = 10) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_client_disconnect_stops_generation(tmp_path: Path) -> None:
+    scripted = scripted_backend()
+    with_server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted])).start()
+    try:
+        body = {"model": "scripted-slow", "input": "x", "stream": True}
+        with httpx.stream("POST", f"{with_server.url}/v1/responses", json=body, timeout=30) as reply:
+            deltas = 0
+            for line in reply.iter_lines():
+                if line.startswith("event: response.output_text.delta"):
+                    deltas += 1
+                if deltas == 3:
+                    break
+        assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
+    finally:
+        with_server.stop()
+
+
+def test_non_streaming_disconnect_stops_generation(tmp_path: Path) -> None:
+    scripted = scripted_backend()
+    with_server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted])).start()
+    try:
+        body = {"model": "scripted-slow", "input": "x"}
+        try:
+            httpx.post(f"{with_server.url}/v1/responses", json=body, timeout=0.5)
+        except httpx.ReadTimeout:
+            pass
+        assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
+    finally:
+        with_server.stop()
+
+
+def test_shutdown_mid_stream_ends_with_a_terminal_event(tmp_path: Path) -> None:
+    scripted = scripted_backend()
+    server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted]), graceful_seconds=10).start()
+    parser = SSEParser(require_done=True)
+    checker = StreamChecker(transport="sse")
+    events: list[dict[str, object]] = []
+    body = {"model": "scripted-slow", "input": "x", "stream": True}
+    stopper = threading.Timer(0.5, server.stop)
+    stopper.start()
+    try:
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=30) as reply:
+            for chunk in reply.iter_raw():
+                for event in parser.feed(chunk):
+                    checker.feed(event)
+                    events.append(event)
+        parser.close()
+        final = checker.finish()
+    finally:
+        stopper.join()
+    assert final["status"] == "failed"
+    assert final["error"]["code"] == "server_shutting_down"
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    assert json.dumps(final)  # the failed response is complete and serializable

@@ -1,0 +1,123 @@
+"""The response builder: every sequence it can produce passes the stream checker, and
+illegal moves raise at once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from app.engine.builder import IllegalTransition, ResponseBuilder
+from app.engine.echo import initial_response
+from app.errors import ModelError
+from app.protocol.responses import CreateResponseBody
+from compliance import check_stream
+
+
+def _builder(*, status: str = "in_progress", error_events: bool = True) -> ResponseBuilder:
+    body = CreateResponseBody.model_validate({"model": "m", "input": "hi"})
+    return ResponseBuilder(
+        initial_response(body, response_id="resp_test", model="m", status=status), error_events=error_events
+    )
+
+
+def _wire(events: list) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(event.model_dump_json()) for event in events]
+
+
+def _run(builder: ResponseBuilder, *deltas: object) -> list[dict]:  # type: ignore[type-arg]
+    events = builder.start()
+    for delta in deltas:
+        events += builder.feed(delta)  # type: ignore[arg-type]
+    return _wire(events)
+
+
+def test_mixed_items_stream_in_order() -> None:
+    builder = _builder()
+    events = _run(
+        builder,
+        ReasoningDelta("hmm"),
+        TextDelta("Let me check."),
+        ToolCallDelta(0, name="a", arguments='{"x":'),
+        ToolCallDelta(0, arguments="1}"),
+        ToolCallDelta(1, name="b", arguments="{}"),
+        Finish("tool_calls", Usage(10, 5)),
+    )
+    final = check_stream([*events, "[DONE]"])
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message", "function_call", "function_call"]
+    assert final["output"][2]["arguments"] == '{"x":1}'
+    assert final["usage"]["total_tokens"] == 15
+    assert builder.response.status == "completed"
+
+
+def test_length_closes_the_last_item_incomplete() -> None:
+    builder = _builder()
+    events = _run(builder, TextDelta("abc"), Finish("length"))
+    final = check_stream([*events, "[DONE]"])
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["output"][-1]["status"] == "incomplete"
+
+
+def test_content_filter_reason() -> None:
+    final = check_stream([*_run(_builder(), TextDelta("a"), Finish("content_filter")), "[DONE]"])
+    assert final["incomplete_details"] == {"reason": "content_filter"}
+
+
+def test_failure_keeps_partial_output_incomplete() -> None:
+    builder = _builder()
+    events = builder.start() + builder.feed(TextDelta("half"))
+    events += builder.fail(ModelError("boom", code="upstream_unavailable"))
+    final = check_stream([*_wire(events), "[DONE]"])
+    assert final["status"] == "failed" and final["error"]["code"] == "upstream_unavailable"
+    assert final["output"][0]["status"] == "incomplete"
+
+
+def test_websocket_failure_has_no_error_event() -> None:
+    builder = _builder(error_events=False)
+    events = builder.start() + builder.fail(ModelError("boom"))
+    wire = _wire(events)
+    assert [e["type"] for e in wire][-1] == "response.failed"
+    check_stream(wire, expect_done=False, transport="websocket")
+
+
+def test_queued_response_begins_later() -> None:
+    builder = _builder(status="queued")
+    events = builder.start() + builder.begin() + builder.feed(TextDelta("x")) + builder.feed(Finish("stop"))
+    wire = _wire(events)
+    assert [e["type"] for e in wire][:3] == ["response.created", "response.queued", "response.in_progress"]
+    check_stream([*wire, "[DONE]"])
+
+
+def test_sequence_numbers_are_consecutive() -> None:
+    events = _run(_builder(), TextDelta("a"), TextDelta("b"), Finish("stop"))
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+@pytest.mark.parametrize(
+    "moves",
+    [
+        lambda b: b.feed(TextDelta("before start")),
+        lambda b: (b.start(), b.start()),
+        lambda b: (b.start(), b.feed(Finish("stop")), b.feed(TextDelta("after the end"))),
+        lambda b: (b.start(), b.feed(Finish("stop")), b.feed(Finish("stop"))),
+        lambda b: (b.start(), b.feed(Finish("stop")), b.fail(ModelError("late"))),
+        lambda b: (b.start(), b.feed(ToolCallDelta(0, arguments="{}"))),
+        lambda b: (b.start(), b.feed(ToolCallDelta(0, name="a")), b.feed(ToolCallDelta(1, name="b")),
+                   b.feed(ToolCallDelta(0, arguments="{}"))),
+        lambda b: (b.start(), b.begin()),
+    ],
+)
+def test_illegal_transitions_raise(moves) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(IllegalTransition):
+        moves(_builder())
+
+
+def test_output_items_are_not_mutated_after_they_are_sent() -> None:
+    builder = _builder()
+    added = builder.start() + builder.feed(TextDelta("x"))
+    snapshot = added[2].model_dump_json()
+    builder.feed(TextDelta("y"))
+    builder.feed(Finish("stop"))
+    assert added[2].model_dump_json() == snapshot

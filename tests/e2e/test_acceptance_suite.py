@@ -1,4 +1,4 @@
-"""The acceptance suite's HTTP requests, run by the independent checker in
+"""The acceptance suite's HTTP requests (on the default model), run by the independent checker in
 ``compliance/`` as a separate process against the real server, as anyone would run it."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import SMOL
+from tests.conftest import QWEN
 from tests.live import LiveServer
 
 STATELESS_HTTP_CHECKS = {
@@ -21,7 +21,7 @@ STATELESS_HTTP_CHECKS = {
 
 def test_stateless_http_checks_pass(server: LiveServer) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", SMOL, "--transport", "http"],
+        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", QWEN, "--transport", "http"],
         capture_output=True,
         text=True,
         timeout=600,

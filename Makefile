@@ -10,7 +10,8 @@ PORT   ?= 8080
 
 # llama-cpp-python is built from its PyPI sdist; pip caches the built wheel, so the
 # compile (a few minutes on two cores) is paid once per machine.
-export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+# A portable build (no -march=native): the same wheel works on every x86-64 CPU with AVX2.
+export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 
 .PHONY: install serve test bench lint clean

@@ -164,6 +164,10 @@ class Backend(abc.ABC):
     def models(self) -> list[ModelInfo]:
         """The model ids this backend serves (may be empty for a pass-through upstream)."""
 
+    async def available_models(self) -> list[ModelInfo]:
+        """The models to list in ``/v1/models``; an upstream may ask its server."""
+        return self.models()
+
     @abc.abstractmethod
     def serves(self, model: str) -> bool:
         """Whether a request for ``model`` belongs to this backend."""

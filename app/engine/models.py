@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from app.backends.base import Backend, ModelInfo
 from app.errors import ModelNotFound
@@ -29,8 +29,19 @@ class ModelRouter:
         )
 
     def models(self) -> list[ModelInfo]:
-        seen: dict[str, ModelInfo] = {}
+        """The models known without asking anyone (for error messages)."""
+        return _unique(info for backend in self.backends for info in backend.models())
+
+    async def available_models(self) -> list[ModelInfo]:
+        """Every model served, upstream ones included (for ``/v1/models``)."""
+        found: list[ModelInfo] = []
         for backend in self.backends:
-            for info in backend.models():
-                seen.setdefault(info.id, info)
-        return list(seen.values())
+            found += await backend.available_models()
+        return _unique(found)
+
+
+def _unique(infos: Iterable[ModelInfo]) -> list[ModelInfo]:
+    seen: dict[str, ModelInfo] = {}
+    for info in infos:
+        seen.setdefault(info.id, info)
+    return list(seen.values())

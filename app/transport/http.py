@@ -50,7 +50,7 @@ async def list_models(engine: EngineDep, _: TenantDep) -> dict[str, Any]:
         "object": "list",
         "data": [
             {"id": info.id, "object": "model", "created": 0, "owned_by": info.owned_by}
-            for info in engine.router.models()
+            for info in await engine.router.available_models()
         ],
     }
 

@@ -1,0 +1,158 @@
+"""What a local model sees: the conversation rendered with the GGUF's own chat template,
+and the grammar that constrains its output.
+
+The templates are Hugging Face style Jinja templates stored in the GGUF metadata. They
+expect OpenAI-shaped chat messages, with some quirks that this module absorbs:
+
+* ``content`` is always a plain string (Qwen's template fails on a list of parts, and
+  SmolLM2's concatenates it, so ``None`` would fail too).
+* ``developer`` becomes ``system``; leading system messages are merged into one, because
+  templates treat only ``messages[0]`` as the system prompt (Qwen appends its tools there).
+* Assistant ``tool_calls`` carry ``arguments`` as a JSON object where possible: templates
+  render them with ``tojson``, and a string would be rendered doubly quoted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolPolicy, ToolSpec
+from app.errors import InvalidRequest, ModelError
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The conversation as the chat template expects it (OpenAI chat message dicts)."""
+    rendered: list[dict[str, Any]] = []
+    for message in messages:
+        role = "system" if message.role == "developer" else message.role
+        if role == "system" and rendered and _only_system_so_far(rendered):
+            rendered[-1]["content"] = _join(rendered[-1]["content"], message.content)
+            continue
+        entry: dict[str, Any] = {"role": role, "content": message.content or ""}
+        if role == "assistant" and message.tool_calls:
+            entry["tool_calls"] = [_template_tool_call(call) for call in message.tool_calls]
+        if role == "tool":
+            entry["tool_call_id"] = message.tool_call_id or ""
+        rendered.append(entry)
+    return rendered
+
+
+def template_tools(tools: Sequence[ToolSpec], policy: ToolPolicy) -> list[dict[str, Any]] | None:
+    """The tools the model may call, in the OpenAI ``tools`` shape; ``None`` when there are none.
+
+    Tools the policy forbids are left out of the prompt entirely: a small local model
+    cannot be trusted to see a tool and not call it.
+    """
+    visible = [tool for tool in tools if policy.may_call(tool.name)]
+    if not visible:
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description or "",
+                "parameters": tool.parameters or {"type": "object", "properties": {}},
+            },
+        }
+        for tool in visible
+    ]
+
+
+class ChatTemplate:
+    """A GGUF chat template, rendered as Hugging Face's ``apply_chat_template`` renders it."""
+
+    def __init__(self, template: str, *, bos_token: str, eos_token: str) -> None:
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        environment.filters["tojson"] = _tojson
+        environment.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
+        self._template = environment.from_string(template)
+        self._special = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text, ending with the assistant's generation prompt.
+
+        A template that rejects the conversation (``raise_exception``) gives
+        ``InvalidRequest``; any other template failure is a ``ModelError``.
+        """
+        try:
+            return self._template.render(
+                messages=template_messages(messages), tools=tools, add_generation_prompt=True, **self._special
+            )
+        except _ConversationRejected as exc:
+            raise InvalidRequest(f"The model cannot take this conversation: {exc}", param="input") from exc
+        except (TemplateError, TypeError, ValueError, KeyError) as exc:
+            raise ModelError(f"The model's chat template failed to render: {exc}") from exc
+
+
+def output_grammar(output_format: OutputFormat) -> str | None:
+    """The GBNF grammar that enforces ``output_format``, or ``None`` for free text.
+
+    Raises ``InvalidRequest`` (``param="text.format.schema"``) for a JSON schema that
+    llama.cpp's converter cannot turn into a grammar, instead of generating unconstrained.
+    The converter is imported on first use, so that importing this module does not load
+    llama.cpp (``local`` configures the process before it does).
+    """
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if output_format.kind == "text":
+        return None
+    if output_format.kind == "json_object" or output_format.schema is None:
+        return JSON_GBNF
+    try:
+        return json_schema_to_gbnf(json.dumps(output_format.schema))
+    except Exception as exc:  # the converter raises assorted errors (assertions included)
+        raise unsupported_schema(str(exc)) from exc
+
+
+def unsupported_schema(reason: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The local model cannot enforce this JSON schema: {reason or 'unsupported construct'}",
+        param="text.format.schema",
+    )
+
+
+class _ConversationRejected(Exception):
+    pass
+
+
+def _raise_exception(message: str) -> None:
+    raise _ConversationRejected(message)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    """The ``tojson`` filter as chat templates expect it (unlike Jinja's, it does not escape HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _only_system_so_far(rendered: list[dict[str, Any]]) -> bool:
+    return len(rendered) == 1 and rendered[0]["role"] == "system"
+
+
+def _join(first: str, second: str) -> str:
+    return "\n\n".join(part for part in (first, second) if part)
+
+
+def _template_tool_call(call: ToolCall) -> dict[str, Any]:
+    try:
+        arguments: Any = json.loads(call.arguments) if call.arguments else {}
+    except ValueError:
+        arguments = call.arguments
+    return {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": arguments},
+    }

@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from app.backends.base import (
+    ChatMessage,
+    Delta,
+    Finish,
+    GenerationRequest,
+    OutputFormat,
+    Sampling,
+    TextDelta,
+    ToolSpec,
+)
+from app.backends.local import LocalBackend
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+
+SMOLLM2 = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-1.5b-instruct"
+
+pytestmark = pytest.mark.anyio
+
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def ask(
+    text: str,
+    *,
+    model: str = SMOLLM2,
+    max_tokens: int | None = 16,
+    temperature: float | None = 0.0,
+    output_format: OutputFormat | None = None,
+) -> GenerationRequest:
+    return GenerationRequest(
+        model=model,
+        messages=(ChatMessage("user", text),),
+        sampling=Sampling(temperature=temperature, max_output_tokens=max_tokens),
+        output_format=output_format or OutputFormat(),
+    )
+
+
+async def collect(backend: LocalBackend, request: GenerationRequest) -> list[Delta]:
+    return [delta async for delta in backend.stream(request)]
+
+
+def text_of(deltas: list[Delta]) -> str:
+    return "".join(delta.text for delta in deltas if isinstance(delta, TextDelta))
+
+
+def generation_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("ors-generate-") and t.is_alive()]
+
+
+def worker_has_exited() -> bool:
+    """The worker emits its last item just before it exits: give it a moment to get there."""
+    for thread in generation_threads():
+        thread.join(timeout=2.0)
+    return not generation_threads()
+
+
+async def test_streams_text_deltas_then_exactly_one_finish(smollm2: LocalBackend) -> None:
+    request = ask("What is the capital of France?", max_tokens=24)
+    deltas = await collect(smollm2, request)
+
+    *content, finish = deltas
+    assert content and all(isinstance(d, TextDelta) and d.text for d in content)
+    assert isinstance(finish, Finish) and finish.usage is not None
+    assert finish.usage.input_tokens == await smollm2.count_tokens(SMOLLM2, request.messages)
+    assert 1 <= finish.usage.output_tokens <= 24
+    assert text_of(deltas).strip()
+
+
+async def test_small_max_output_tokens_finishes_with_length(smollm2: LocalBackend) -> None:
+    deltas = await collect(smollm2, ask("Write a long story about a dragon.", max_tokens=5))
+
+    finish = deltas[-1]
+    assert isinstance(finish, Finish) and finish.reason == "length"
+    assert finish.usage is not None and finish.usage.output_tokens == 5
+
+
+async def test_natural_end_finishes_with_stop(smollm2: LocalBackend) -> None:
+    deltas = await collect(smollm2, ask("Say hello.", max_tokens=200))
+
+    finish = deltas[-1]
+    assert isinstance(finish, Finish) and finish.reason == "stop"
+    assert finish.usage is not None and finish.usage.output_tokens < 200
+
+
+async def test_json_schema_output_parses_and_matches(smollm2: LocalBackend) -> None:
+    schema = OutputFormat(kind="json_schema", name="person", schema=PERSON_SCHEMA, strict=True)
+    deltas = await collect(smollm2, ask("Describe a person as JSON.", max_tokens=64, output_format=schema))
+
+    assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "stop"
+    jsonschema.validate(json.loads(text_of(deltas)), PERSON_SCHEMA)
+
+
+async def test_json_object_output_parses(smollm2: LocalBackend) -> None:
+    deltas = await collect(
+        smollm2, ask("Give a JSON object with a greeting.", max_tokens=64, output_format=OutputFormat(kind="json_object"))
+    )
+
+    assert isinstance(json.loads(text_of(deltas)), dict)
+
+
+async def test_unsupported_schema_is_rejected_before_generation(smollm2: LocalBackend) -> None:
+    schema = {"type": "object", "properties": {"x": {"not": {"type": "string"}}}}
+    request = ask("Anything.", output_format=OutputFormat(kind="json_schema", name="x", schema=schema))
+
+    with pytest.raises(InvalidRequest) as raised:
+        await collect(smollm2, request)
+    assert raised.value.param == "text.format.schema"
+    assert "schema" in raised.value.message
+    assert not generation_threads()
+
+
+async def test_unknown_model_is_not_found(smollm2: LocalBackend) -> None:
+    with pytest.raises(ModelNotFound):
+        await collect(smollm2, ask("Hi", model="no-such-model"))
+
+
+async def test_prompt_beyond_the_context_window_is_rejected(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, n_threads=2, n_ctx=64, models=[SMOLLM2])
+    try:
+        with pytest.raises(ContextLengthExceeded) as raised:
+            await collect(backend, ask("word " * 200))
+        assert raised.value.code == "context_length_exceeded"
+        assert await collect(backend, ask("Hi", max_tokens=4))
+    finally:
+        await backend.aclose()
+
+
+async def test_output_is_capped_by_the_context_window(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, n_threads=2, n_ctx=48, models=[SMOLLM2])
+    try:
+        request = ask("Write a long story about a dragon.", max_tokens=None, temperature=None)
+        finish = (await collect(backend, request))[-1]
+        assert isinstance(finish, Finish) and finish.usage is not None
+        assert finish.usage.input_tokens + finish.usage.output_tokens <= 48
+    finally:
+        await backend.aclose()
+
+
+async def test_model_loads_lazily_on_first_use(tmp_path: Path) -> None:
+    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2])
+    try:
+        assert [m.id for m in backend.models()] == [SMOLLM2]
+        assert backend.context_window(SMOLLM2) == 4096
+        assert isinstance((await collect(backend, ask("Hi", max_tokens=4)))[-1], Finish)
+    finally:
+        await backend.aclose()
+
+
+async def test_concurrent_generations_on_one_model_are_serialized(smollm2: LocalBackend) -> None:
+    spans: dict[str, tuple[float, float]] = {}
+
+    async def run(name: str, prompt: str) -> list[Delta]:
+        deltas: list[Delta] = []
+        first = None
+        async for delta in smollm2.stream(ask(prompt, max_tokens=24)):
+            first = first or time.monotonic()
+            deltas.append(delta)
+        spans[name] = (first or 0.0, time.monotonic())
+        return deltas
+
+    one, two = await asyncio.gather(run("one", "Count to ten."), run("two", "Name three colours."))
+
+    for deltas in (one, two):
+        assert isinstance(deltas[-1], Finish) and sum(isinstance(d, Finish) for d in deltas) == 1
+    (start_a, end_a), (start_b, end_b) = sorted(spans.values())
+    assert end_a <= start_b
+
+
+async def test_closing_the_stream_stops_the_worker_and_frees_the_model(smollm2: LocalBackend) -> None:
+    stream = smollm2.stream(ask("Write a long story about a dragon.", max_tokens=400, temperature=0.8))
+    for _ in range(3):
+        assert isinstance(await anext(stream), TextDelta)
+
+    started = time.monotonic()
+    await stream.aclose()
+    assert time.monotonic() - started < 5.0
+    assert worker_has_exited()
+
+    deltas = await collect(smollm2, ask("Say hello.", max_tokens=8))
+    assert isinstance(deltas[-1], Finish)
+
+
+async def test_cancelling_the_consumer_stops_the_worker(smollm2: LocalBackend) -> None:
+    received = asyncio.Event()
+
+    async def consume() -> None:
+        async for delta in smollm2.stream(ask("Write a long story about a dragon.", max_tokens=400, temperature=0.8)):
+            if isinstance(delta, TextDelta):
+                received.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(received.wait(), timeout=10)
+    started = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 5.0
+    assert worker_has_exited()
+
+    deltas = await collect(smollm2, ask("Say hello.", max_tokens=8))
+    assert isinstance(deltas[-1], Finish)
+
+
+async def test_event_loop_stays_responsive_during_generation(smollm2: LocalBackend) -> None:
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def heartbeat() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    beating = asyncio.create_task(heartbeat())
+    started = time.monotonic()
+    try:
+        deltas = await collect(smollm2, ask("Write a long story about a dragon.", max_tokens=128, temperature=0.8))
+    finally:
+        elapsed = time.monotonic() - started
+        done.set()
+        await beating
+
+    assert isinstance(deltas[-1], Finish)
+    assert max(gaps) < min(0.5, elapsed / 2)
+
+
+async def test_count_tokens_grows_with_the_conversation(smollm2: LocalBackend) -> None:
+    short = (ChatMessage("user", "Hi"),)
+    longer = (*short, ChatMessage("assistant", "Hello! How can I help?"), ChatMessage("user", "Tell me a joke."))
+
+    assert 0 < await smollm2.count_tokens(SMOLLM2, short) < await smollm2.count_tokens(SMOLLM2, longer)
+
+
+@pytest.mark.slow
+async def test_qwen_renders_tools_and_answers(qwen_cache_dir: Path) -> None:
+    backend = LocalBackend(qwen_cache_dir, n_threads=2, models=[QWEN])
+    try:
+        weather = ToolSpec(
+            name="get_weather",
+            description="Current weather for a city",
+            parameters={"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        )
+        messages = (ChatMessage("user", "What is 17 * 3? Answer with the number only."),)
+        with_tools = await backend.count_tokens(QWEN, messages, (weather,))
+        assert with_tools > await backend.count_tokens(QWEN, messages) + 50
+
+        started = time.monotonic()
+        deltas = await collect(backend, ask(messages[0].content, model=QWEN, max_tokens=8))
+        elapsed = time.monotonic() - started
+
+        assert "51" in text_of(deltas)
+        finish = deltas[-1]
+        assert isinstance(finish, Finish) and finish.usage is not None and finish.usage.output_tokens <= 8
+        assert elapsed < 60
+    finally:
+        await backend.aclose()

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import pytest
+from llama_cpp.llama_grammar import JSON_GBNF
+
+from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolPolicy, ToolSpec
+from app.backends.prompting import ChatTemplate, output_grammar, template_messages, template_tools
+from app.errors import InvalidRequest
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] "
+    "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="Weather for a city",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+SEARCH = ToolSpec(name="search_web")
+
+
+def test_developer_becomes_system_and_leading_system_messages_merge() -> None:
+    messages = (
+        ChatMessage("system", "Be brief."),
+        ChatMessage("developer", "Answer in French."),
+        ChatMessage("user", "Hi"),
+        ChatMessage("developer", "Later instruction."),
+    )
+
+    assert template_messages(messages) == [
+        {"role": "system", "content": "Be brief.\n\nAnswer in French."},
+        {"role": "user", "content": "Hi"},
+        {"role": "system", "content": "Later instruction."},
+    ]
+
+
+def test_tool_calls_and_results_take_the_openai_shape() -> None:
+    messages = (
+        ChatMessage("user", "Weather in Paris?"),
+        ChatMessage("assistant", tool_calls=(ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)),
+        ChatMessage("tool", '{"temp_c": 18}', tool_call_id="call_1"),
+    )
+
+    _, assistant, tool = template_messages(messages)
+    assert assistant == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+        ],
+    }
+    assert tool == {"role": "tool", "content": '{"temp_c": 18}', "tool_call_id": "call_1"}
+
+
+def test_arguments_that_are_not_json_stay_a_string() -> None:
+    message = ChatMessage("assistant", tool_calls=(ToolCall("c", "f", "not json"),))
+
+    assert template_messages((message,))[0]["tool_calls"][0]["function"]["arguments"] == "not json"
+
+
+def test_tools_follow_the_policy() -> None:
+    assert template_tools((), ToolPolicy()) is None
+    assert template_tools((WEATHER, SEARCH), ToolPolicy(mode="none")) is None
+    only_search = template_tools((WEATHER, SEARCH), ToolPolicy(mode="required", allowed=("search_web",)))
+    assert only_search == [
+        {
+            "type": "function",
+            "function": {"name": "search_web", "description": "", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    assert [t["function"]["name"] for t in template_tools((WEATHER, SEARCH), ToolPolicy()) or []] == [
+        "get_weather",
+        "search_web",
+    ]
+
+
+def test_chat_template_renders_a_generation_prompt() -> None:
+    template = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")
+
+    prompt = template.render((ChatMessage("developer", "Be brief."), ChatMessage("user", "Hi")))
+
+    assert prompt == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_template_that_rejects_the_conversation_gives_invalid_request() -> None:
+    template = ChatTemplate("{{ raise_exception('roles must alternate') }}", bos_token="", eos_token="")
+
+    with pytest.raises(InvalidRequest, match="roles must alternate"):
+        template.render((ChatMessage("user", "Hi"),))
+
+
+def test_output_grammar_by_format() -> None:
+    assert output_grammar(OutputFormat()) is None
+    assert output_grammar(OutputFormat(kind="json_object")) == JSON_GBNF
+    grammar = output_grammar(OutputFormat(kind="json_schema", schema={"type": "object", "properties": {"a": {"type": "integer"}}}))
+    assert grammar is not None and "root ::=" in grammar and '\\"a\\"' in grammar
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"x": {"not": {"type": "string"}}}},
+        {"type": "no-such-type"},
+        {"$ref": "#/$defs/missing"},
+        {"$ref": "https://example.com/remote.json"},
+    ],
+)
+def test_a_schema_llama_cpp_cannot_convert_is_an_invalid_request(schema: dict) -> None:
+    with pytest.raises(InvalidRequest) as raised:
+        output_grammar(OutputFormat(kind="json_schema", name="s", schema=schema))
+    assert raised.value.param == "text.format.schema"

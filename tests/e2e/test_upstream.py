@@ -1,0 +1,100 @@
+"""The server in front of a real OpenAI-compatible upstream: llama-cpp-python's own
+server, started on loopback with SmolLM2 under an alias that is not a local model id."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from app.config import Settings
+from app.main import create_app
+from tests.client import Client
+from tests.live import LiveServer
+from tests.upstream_server import running_llama_server
+
+UPSTREAM_MODEL = "upstream-smollm2"
+
+
+@pytest.fixture(scope="module")
+def upstream_url() -> Iterator[str]:
+    with running_llama_server(model_alias=UPSTREAM_MODEL) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def fronted(upstream_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The server as a user configures it: ``ORS_UPSTREAM_URL`` and the default model set."""
+    settings = Settings(
+        upstream_url=upstream_url,
+        default_model=UPSTREAM_MODEL,
+        data_dir=tmp_path_factory.mktemp("upstream-front"),
+    )
+    server = LiveServer(create_app(settings)).start()
+    yield server
+    server.stop()
+
+
+def test_json_response_through_the_upstream(fronted: LiveServer) -> None:
+    client = Client(fronted.url)
+    response = client.create(model=UPSTREAM_MODEL, input="Say hello.", max_output_tokens=24)
+    assert response["model"] == UPSTREAM_MODEL
+    assert response["output"][0]["type"] == "message"
+    assert response["status"] in ("completed", "incomplete")
+
+
+def test_streamed_response_through_the_upstream(fronted: LiveServer) -> None:
+    result = Client(fronted.url).stream(input="Count to three.", max_output_tokens=24)
+    assert result.final["model"] == UPSTREAM_MODEL
+    assert "response.output_text.delta" in result.types()
+    assert result.text().strip()
+
+
+def test_max_output_tokens_reaches_the_upstream(fronted: LiveServer) -> None:
+    result = Client(fronted.url).stream(
+        model=UPSTREAM_MODEL, input="Write a long story about a lighthouse.", max_output_tokens=16
+    )
+    assert result.final["status"] == "incomplete"
+    assert result.final["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_models_lists_upstream_and_local(fronted: LiveServer) -> None:
+    ids = {m["id"] for m in httpx.get(f"{fronted.url}/v1/models").json()["data"]}
+    assert {UPSTREAM_MODEL, "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct"} <= ids
+
+
+def test_openai_sdk_through_the_upstream(fronted: LiveServer) -> None:
+    sdk = OpenAI(base_url=f"{fronted.url}/v1", api_key="unused", max_retries=0)
+    with sdk.responses.stream(model=UPSTREAM_MODEL, input="Hi!", max_output_tokens=16) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == "".join(
+        part.text for item in final.output if item.type == "message" for part in item.content
+        if part.type == "output_text"
+    )
+
+
+def test_upstream_down_is_a_model_error(tmp_path: Path) -> None:
+    settings = Settings(upstream_url="http://127.0.0.1:9/v1", default_model="smollm2-135m-instruct",
+                        data_dir=tmp_path)
+    with_dead_upstream = LiveServer(create_app(settings)).start()
+    try:
+        client = Client(with_dead_upstream.url)
+        error = client.error({"model": "anything-upstream", "input": "x"}, 500)
+        assert (error["type"], error["code"]) == ("model_error", "upstream_unavailable")
+        result = client.stream(model="anything-upstream", input="x")
+        assert result.types()[-2:] == ["error", "response.failed"]
+    finally:
+        with_dead_upstream.stop()
+
+
+def test_without_upstream_unknown_models_are_404(tmp_path: Path) -> None:
+    settings = Settings(default_model="smollm2-135m-instruct", data_dir=tmp_path)
+    server = LiveServer(create_app(settings)).start()
+    try:
+        error = Client(server.url).error({"model": UPSTREAM_MODEL, "input": "x"}, 404)
+        assert error["code"] == "model_not_found"
+    finally:
+        server.stop()

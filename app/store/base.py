@@ -1,0 +1,145 @@
+"""The contract of the response store.
+
+What is stored, once each:
+
+* a **response row**: id, tenant, status, the ``previous_response_id`` it continues, the
+  settings that define its context (``instructions``, ``tools``), and the latest
+  ``ResponseResource`` snapshot (JSON);
+* its **own items**, in order: the new input items of that request (``role="input"``),
+  then its output items (``role="output"``). A continuation never copies its ancestors'
+  items: the context of turn N is rebuilt by walking the chain;
+* its **events**, written once when the response ends, for stream replay.
+
+Write discipline (what makes a crash harmless):
+
+* :meth:`ResponseStore.begin` writes the row (status ``queued`` or ``in_progress``) and the
+  input items in one transaction, before the first event is sent;
+* :meth:`ResponseStore.finish` writes the output items, the final snapshot and the events
+  in one transaction, when the terminal event is produced. Nothing is written per delta;
+* a process that dies in between leaves a row ``in_progress`` with no output items;
+  :meth:`ResponseStore.recover` marks such rows ``failed`` (see its contract for how a
+  dead owner is told from a live replica).
+
+Deleting hides a response from every read: it can no longer be fetched, listed or
+continued. Its items are kept while later responses of its chain still need them for
+their context, and removed with the last of them.
+
+Every read and write is scoped by ``tenant``: a response of another tenant is never
+returned, counted or changed; to the caller it looks absent.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+JSON = dict[str, Any]
+Order = Literal["asc", "desc"]
+
+
+@dataclass(frozen=True, slots=True)
+class NewResponse:
+    """What :meth:`ResponseStore.begin` records."""
+
+    id: str
+    tenant: str
+    status: str
+    created_at: int
+    model: str
+    previous_response_id: str | None
+    instructions: str | None
+    tools: list[JSON]
+    resource: JSON
+    """The initial ``ResponseResource`` snapshot."""
+    input_items: list[JSON]
+    """The request's own input items, each with an ``id``."""
+    background: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    id: str
+    tenant: str
+    status: str
+    created_at: int
+    model: str
+    previous_response_id: str | None
+    instructions: str | None
+    tools: list[JSON]
+    resource: JSON
+    """The latest ``ResponseResource`` snapshot (the final one once finished)."""
+    background: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """One response of a chain, oldest first, with its own items."""
+
+    response_id: str
+    tools: list[JSON]
+    input_items: list[JSON] = field(default_factory=list)
+    output_items: list[JSON] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemPage:
+    data: list[JSON]
+    has_more: bool
+
+
+class ResponseStore(abc.ABC):
+    """Durable storage of responses. Implementations must be safe for concurrent use by
+    many tasks of one process, and by several processes sharing one database."""
+
+    @abc.abstractmethod
+    async def open(self) -> None:
+        """Connect and bring the schema up to date (migrations)."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    @abc.abstractmethod
+    async def begin(self, response: NewResponse) -> None:
+        """Record a response that starts now (row + input items, one transaction)."""
+
+    @abc.abstractmethod
+    async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
+        """Move a response that has not finished (``queued`` → ``in_progress``)."""
+
+    @abc.abstractmethod
+    async def finish(
+        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
+    ) -> None:
+        """Record the end of a response (output items, final snapshot whose ``status`` is
+        terminal, serialized events) in one transaction. Finishing twice is an error;
+        finishing a response that was cancelled meanwhile leaves it cancelled."""
+
+    @abc.abstractmethod
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        """The response, or ``None`` if absent, deleted or another tenant's."""
+
+    @abc.abstractmethod
+    async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
+        """The chain ending at ``response_id``, oldest first, each link with its own
+        items, in a bounded number of queries whatever the chain's length. ``None`` if
+        ``response_id`` is absent, deleted, or another tenant's."""
+
+    @abc.abstractmethod
+    async def input_items(
+        self, tenant: str, response_id: str, *, limit: int, order: Order, after: str | None
+    ) -> ItemPage | None:
+        """A page of the response's input items (cursor ``after`` = an item id)."""
+
+    @abc.abstractmethod
+    async def events(self, tenant: str, response_id: str) -> list[str] | None:
+        """The serialized events of a finished response, in order."""
+
+    @abc.abstractmethod
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        """Delete; ``False`` if there was nothing (visible) to delete."""
+
+    @abc.abstractmethod
+    async def recover(self) -> int:
+        """Mark responses left ``queued``/``in_progress`` by a dead process ``failed``;
+        return how many. Called at start."""

@@ -13,6 +13,9 @@ PORT   ?= 8080
 # A portable build (no -march=native): the same wheel works on every x86-64 CPU with AVX2.
 export CMAKE_ARGS ?= -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+# llama.cpp's OpenMP threads otherwise spin between tokens, which is ruinous when the
+# cores are shared with the server itself or with other processes.
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install serve test bench lint clean
 

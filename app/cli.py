@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Must be set before llama.cpp's OpenMP runtime loads: idle threads then sleep instead
+    # of spinning, which keeps generation fast when cores are shared.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     args = build_parser().parse_args(argv)
     return int(args.handler(args))
 

@@ -24,7 +24,7 @@ protocol. Contract for ``Backend.stream``:
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -175,6 +175,17 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Generate; an async generator honouring the contract above."""
+
+    def context_window(self, model: str) -> int | None:
+        """Tokens of context (input plus output) of ``model``, if known."""
+        return None
+
+    async def count_tokens(
+        self, model: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()
+    ) -> int | None:
+        """Input tokens of this conversation for ``model``, with its own tokenizer and
+        chat template, if the backend can tell; ``None`` otherwise."""
+        return None
 
     async def start(self) -> None:
         """Prepare resources (load models, open clients). Called once at app start."""

@@ -292,13 +292,20 @@ class LocalBackend(Backend):
         models: Sequence[str] | None = None,
         output_parser: OutputParserFactory = plain_text,
     ) -> None:
-        """``n_ctx`` overrides each model's context window; ``models`` limits the served ids."""
+        """Configure; nothing is loaded before ``start()`` or first use.
+
+        ``cache_dir`` holds assembled model files (the server's data directory);
+        ``n_threads`` defaults to the CPUs this process may run on; ``n_ctx`` overrides each
+        model's context window; ``preload`` lists models to load in ``start()``; ``models``
+        limits the served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes
+        the parser of each generation's text (default: everything is visible text).
+        """
         served = list(LOCAL_MODELS) if models is None else list(models)
         unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
         if unknown:
             raise ValueError(f"Unknown local models: {', '.join(unknown)}; known: {', '.join(LOCAL_MODELS)}")
         self._files = ModelFiles(cache_dir)
-        self._n_threads = n_threads or os.cpu_count() or 1
+        self._n_threads = n_threads or _available_cpus()
         self._n_ctx = n_ctx
         self._preload = list(preload)
         self._output_parser = output_parser
@@ -321,6 +328,7 @@ class LocalBackend(Backend):
             await self._loaded(self._slot(model))
 
     async def aclose(self) -> None:
+        """Free every model, each once its running generation (if any) has ended."""
         for slot in self._slots.values():
             if slot.loading is not None:
                 with contextlib.suppress(ORSError):
@@ -414,6 +422,13 @@ class LocalBackend(Backend):
             raise
         except Exception as exc:
             raise ModelError(f"The model '{spec.id}' failed to load: {exc}") from exc
+
+
+def _available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 _MODEL_PARAMS_LOCK = threading.Lock()

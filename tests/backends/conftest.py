@@ -1,3 +1,5 @@
+"""Fixtures for the embedded backend's tests (``anyio_backend`` comes from the root conftest)."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
@@ -10,11 +12,6 @@ from app.backends.model_files import ModelFiles
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-1.5b-instruct"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture

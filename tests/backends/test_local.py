@@ -17,10 +17,12 @@ from app.backends.base import (
     OutputFormat,
     Sampling,
     TextDelta,
+    ToolCallDelta,
     ToolSpec,
 )
-from app.backends.local import LocalBackend
-from app.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from app.backends.local import LocalBackend, PlainTextParser
+from app.backends.model_files import ModelFiles, ModelSpec
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-1.5b-instruct"
@@ -240,6 +242,54 @@ async def test_event_loop_stays_responsive_during_generation(smollm2: LocalBacke
 
     assert isinstance(deltas[-1], Finish)
     assert max(gaps) < min(0.5, elapsed / 2)
+
+
+async def test_split_characters_are_never_emitted_broken(smollm2: LocalBackend) -> None:
+    deltas = await collect(smollm2, ask("Repeat exactly: 🙂 🎉 😀", max_tokens=48))
+
+    assert "\ufffd" not in text_of(deltas)
+
+
+async def test_the_output_parser_decides_what_the_text_means(tmp_path: Path) -> None:
+    class CallAtTheEnd(PlainTextParser):
+        def feed(self, text: str) -> list[Delta]:
+            return []
+
+        def close(self) -> list[Delta]:
+            return [ToolCallDelta(index=0, name="get_weather", call_id="call_1", arguments="{}")]
+
+    def parser(request: GenerationRequest, spec: ModelSpec) -> CallAtTheEnd:
+        return CallAtTheEnd()
+
+    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2], output_parser=parser)
+    try:
+        deltas = await collect(backend, ask("Say hello.", max_tokens=200))
+    finally:
+        await backend.aclose()
+
+    assert deltas[0] == ToolCallDelta(index=0, name="get_weather", call_id="call_1", arguments="{}")
+    assert isinstance(deltas[1], Finish) and deltas[1].reason == "tool_calls" and len(deltas) == 2
+
+
+async def test_a_failed_load_is_reported_and_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_path = ModelFiles.path
+    attempts: list[str] = []
+
+    def flaky_path(self: ModelFiles, model_id: str) -> Path:
+        attempts.append(model_id)
+        if len(attempts) == 1:
+            raise ModelError("not installed", code="model_unavailable")
+        return real_path(self, model_id)
+
+    monkeypatch.setattr(ModelFiles, "path", flaky_path)
+    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2])
+    try:
+        with pytest.raises(ModelError, match="not installed"):
+            await collect(backend, ask("Hi", max_tokens=4))
+        assert isinstance((await collect(backend, ask("Hi", max_tokens=4)))[-1], Finish)
+    finally:
+        await backend.aclose()
+    assert attempts == [SMOLLM2, SMOLLM2]
 
 
 async def test_count_tokens_grows_with_the_conversation(smollm2: LocalBackend) -> None:

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from app import gate_cli
 from app.config import Settings
 
 GRACEFUL_SHUTDOWN_SECONDS = 15
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1, or ORS_HOST)")
     serve.add_argument("--port", type=int, help="port to bind (default 8080, or ORS_PORT)")
     serve.set_defaults(handler=_serve)
+    gate = commands.add_parser("gate", help="check a logged item list with the replay gate, offline")
+    gate_cli.add_arguments(gate)
+    gate.set_defaults(handler=gate_cli.run)
     return parser
 
 

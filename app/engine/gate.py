@@ -1,0 +1,576 @@
+"""The replay gate: every inbound ``function_call_output`` is checked against the call it answers.
+
+A client that answers a tool call replays the conversation; the gate makes sure the call
+being answered is one a model may be shown an answer to. It works on the request's items
+exactly as sent (plain JSON values, never parsed models), so the same checks run on a
+live request and, offline, on a logged item list (``ors gate``). Nothing here executes
+anything: a pass means the shape is right, permissions stay with the client.
+
+**Which call an output answers.** The nearest item before the output in ``items`` that
+carries the same ``call_id`` (any item but an output), else the nearest such item of the
+``previous_response_id`` chain (``history``). An output is a duplicate when that call
+already has an output after it; a reused ``call_id`` thus starts afresh.
+
+**Checks of an output, in precedence order** (the first that fails is the reason):
+
+``call_id``            no item with that ``call_id`` precedes the output (or it has none)
+``duplicate_output``   the call was already answered, earlier in ``items`` or in the chain
+``namespaced``         the answered item's ``type`` is not a string or has a vendor prefix
+``not_function_call``  the answered item is something else (a message, a reference...)
+``status``             the call is not ``completed`` (absent counts as completed: the spec
+                       makes it optional on input); ``in_progress``/``incomplete`` calls
+                       may carry truncated arguments and must never be answered
+``arguments_type``     the call's ``arguments`` is not a string
+``arguments_parse``    ... is not valid JSON
+``unknown_tool``       the call's ``name`` is defined neither in ``tools`` nor in
+                       ``history_tools``: the chain's tools count for calls found in
+                       ``items`` as well as for calls found in ``history``; a definition in
+                       ``tools`` wins over the chain's, and the chain's latest wins
+``arguments_schema``   the arguments are not a JSON object, or fail the tool's
+                       ``parameters`` (JSON Schema Draft 2020-12); no ``parameters`` means
+                       any object passes
+``invalid_tool_schema`` the tool's ``parameters`` cannot be used to check (not a valid
+                       schema, or a ``$ref`` that does not resolve: remote references are
+                       never fetched)
+
+**Other findings.** ``not_an_item`` (an entry of ``input`` that is not a JSON object);
+``chat_completions_envelope`` (a message with ``tool_calls``, a ``role: "tool"`` or
+``"function"`` message, a nested ``{"type": "function", "function": {...}}`` call), whose
+message names the Responses equivalent; ``invalid_tool_schema`` on a tool of ``tools``
+itself (param ``tools[i].parameters``, checked whether or not a call uses it). Each
+``function_call`` in ``items`` also gets a finding from the call checks (``status`` to
+``arguments_schema``); it is informative only (``blocking`` is false): an unanswered
+replayed call is context, and an answered one is judged through its output.
+
+Findings come in order: the tools', then one per checked item in document order. The
+work is linear in the number of items; compiled validators are cached by schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from referencing import Registry
+from referencing.exceptions import NoSuchResource, Unresolvable
+
+from app.errors import InvalidRequest
+
+JSON = Mapping[str, Any]
+
+CHAIN = "in the previous_response_id chain"
+"""Where a call found in ``history`` is said to be."""
+
+_MAX_SHOWN = 300
+
+
+class Reason(StrEnum):
+    """The finding codes; a failing request's error ``code`` is one of these."""
+
+    OK = "ok"
+    NOT_AN_ITEM = "not_an_item"
+    CHAT_COMPLETIONS_ENVELOPE = "chat_completions_envelope"
+    INVALID_TOOL_SCHEMA = "invalid_tool_schema"
+    CALL_ID = "call_id"
+    DUPLICATE_OUTPUT = "duplicate_output"
+    NAMESPACED = "namespaced"
+    NOT_FUNCTION_CALL = "not_function_call"
+    STATUS = "status"
+    ARGUMENTS_TYPE = "arguments_type"
+    ARGUMENTS_PARSE = "arguments_parse"
+    UNKNOWN_TOOL = "unknown_tool"
+    ARGUMENTS_SCHEMA = "arguments_schema"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """The verdict on one item (or one tool).
+
+    ``index`` is the item's position in ``items`` (``None`` for a tool); ``param`` the
+    path an error reports (``input[3]``, ``tools[0].parameters``); ``kind`` the item's
+    ``type`` (``message`` for a typeless message, ``item`` for a non-object, ``tool``);
+    ``reason`` a ``Reason``, ``ok`` when it passes; ``message`` says what is wrong and
+    how to fix it (empty on a pass); ``call_id`` and ``name`` (the function, on calls
+    and tools) when known. ``blocking`` is false for a failure that does not reject a
+    request (a replayed ``function_call``'s own checks).
+    """
+
+    index: int | None
+    param: str
+    kind: str
+    reason: str
+    message: str = ""
+    call_id: str | None = None
+    name: str | None = None
+    blocking: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == Reason.OK
+
+
+def is_namespaced(item: object) -> bool:
+    """Whether ``item`` is a vendor extension item: its ``type`` carries a ``slug:`` prefix."""
+    if not isinstance(item, Mapping):
+        return False
+    kind = item.get("type")
+    return isinstance(kind, str) and ":" in kind
+
+
+def gate(
+    items: Sequence[Any] | str | None,
+    *,
+    history: Iterable[JSON] = (),
+    tools: Iterable[Any] = (),
+    history_tools: Iterable[Any] = (),
+) -> None:
+    """Raise ``InvalidRequest`` (``code`` = the reason, ``param`` = the path) for the first
+    blocking failure of ``check_items``; return when the request may go on."""
+    for finding in check_items(items, history=history, tools=tools, history_tools=history_tools):
+        if not finding.ok and finding.blocking:
+            raise InvalidRequest(finding.message, code=str(finding.reason), param=finding.param)
+
+
+def check_items(
+    items: Sequence[Any] | str | None,
+    *,
+    history: Iterable[JSON] = (),
+    tools: Iterable[Any] = (),
+    history_tools: Iterable[Any] = (),
+    paths: Sequence[str] | None = None,
+) -> list[Finding]:
+    """Every finding, passes included, for the request's ``input`` (``items``, as sent; a
+    string or ``None`` has nothing to check). ``history``: the chain's items, oldest first.
+    ``tools``: this request's tool definitions; ``history_tools``: those the chain's
+    responses offered, oldest first. ``paths`` names each item (default ``input[i]``)."""
+    if items is None or isinstance(items, str):
+        return []
+    items = list(items)
+    names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]
+    toolbox = _Toolbox(tools, history_tools)
+    walk = _Walk(items, names, history, toolbox)
+    return [*toolbox.findings, *walk.findings()]
+
+
+# ---------------------------------------------------------------- tools and schemas
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    raise NoSuchResource(ref=uri)
+
+
+_OFFLINE = Registry(retrieve=_refuse_retrieval)
+"""References resolve within the schema (and the meta-schemas) only; nothing is fetched."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    validator: Draft202012Validator | None
+    error: str | None = None
+
+
+@lru_cache(maxsize=512)
+def _compile(key: str) -> _Compiled:
+    schema = json.loads(key)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        return _Compiled(None, f"{exc.json_path}: {_clip(exc.message)}")
+    except RecursionError:
+        return _Compiled(None, "the schema is nested too deeply")
+    return _Compiled(Draft202012Validator(schema, registry=_OFFLINE))
+
+
+def _compiled_parameters(schema: Any) -> _Compiled:
+    """The cached validator for a ``parameters`` schema, or why it cannot be one."""
+    return _compile(json.dumps(schema, sort_keys=True, separators=(",", ":")))
+
+
+@dataclass(frozen=True, slots=True)
+class _Tool:
+    name: str
+    parameters: Any
+    param: str | None
+    """``tools[i].parameters`` for a tool of this request, ``None`` for one of the chain."""
+
+
+class _Toolbox:
+    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any]) -> None:
+        self.by_name: dict[str, _Tool] = {}
+        for tool in history_tools:
+            if (name := _function_name(tool)) is not None:
+                self.by_name[name] = _Tool(name, tool.get("parameters"), None)
+        self.findings: list[Finding] = []
+        own: dict[str, _Tool] = {}
+        for index, tool in enumerate(tools):
+            name = _function_name(tool)
+            if name is None or name in own:
+                continue
+            own[name] = _Tool(name, tool.get("parameters"), f"tools[{index}].parameters")
+            problem = self.schema_error(own[name])
+            if problem is not None:
+                self.findings.append(
+                    Finding(
+                        None,
+                        f"tools[{index}].parameters",
+                        "tool",
+                        Reason.INVALID_TOOL_SCHEMA,
+                        f"The parameters of function {name!r} are not a valid JSON Schema "
+                        f"(Draft 2020-12): {problem}. Fix the schema.",
+                        name=name,
+                    )
+                )
+        self.by_name.update(own)
+
+    @staticmethod
+    def schema_error(tool: _Tool) -> str | None:
+        if tool.parameters is None:
+            return None
+        return _compiled_parameters(tool.parameters).error
+
+
+def _function_name(tool: Any) -> str | None:
+    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+        return None
+    name = tool.get("name")
+    return name if isinstance(name, str) else None
+
+
+# ---------------------------------------------------------------- the walk
+
+
+@dataclass(frozen=True, slots=True)
+class _Problem:
+    reason: Reason
+    text: str
+    """A sentence that follows the subject (``The function_call ... has status ...``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Located:
+    item: JSON
+    where: str
+
+
+class _Walk:
+    """One pass over ``items``, indexing calls by ``call_id`` as it goes."""
+
+    def __init__(self, items: list[Any], paths: list[str], history: Iterable[JSON], toolbox: _Toolbox) -> None:
+        self.items = items
+        self.paths = paths
+        self.toolbox = toolbox
+        self.chain_calls: dict[str, JSON] = {}
+        self.chain_answered: set[str] = set()
+        for item in history:
+            call_id = _call_id(item)
+            if call_id is None:
+                continue
+            if item.get("type") == "function_call_output":
+                self.chain_answered.add(call_id)
+            else:
+                self.chain_calls[call_id] = item
+                self.chain_answered.discard(call_id)
+        self.later_calls: dict[str, int] = {}
+        for index, item in enumerate(items):
+            call_id = _call_id(item)
+            if call_id is not None and item.get("type") != "function_call_output":
+                self.later_calls.setdefault(call_id, index)
+        self.seen_calls: dict[str, int] = {}
+        self.answered: dict[str, int] = {}
+        self.call_problems: dict[int, _Problem | None] = {}
+
+    def findings(self) -> list[Finding]:
+        found: list[Finding] = []
+        for index, item in enumerate(self.items):
+            finding = self.check(index, item)
+            if finding is not None:
+                found.append(finding)
+            call_id = _call_id(item)
+            if call_id is None:
+                continue
+            if item.get("type") != "function_call_output":
+                self.seen_calls[call_id] = index
+                self.answered.pop(call_id, None)
+        return found
+
+    def check(self, index: int, item: Any) -> Finding | None:
+        param = self.paths[index]
+        if not isinstance(item, Mapping):
+            return Finding(
+                index, param, "item", Reason.NOT_AN_ITEM,
+                f"This input entry is {_kind_of(item)}, not an item. Each item is a JSON object with a "
+                'type, e.g. {"type": "message", "role": "user", "content": "Hello"}.',
+            )
+        envelope = _chat_envelope(item)
+        if envelope is not None:
+            return Finding(index, param, _item_kind(item), Reason.CHAT_COMPLETIONS_ENVELOPE, envelope)
+        kind = item.get("type")
+        if kind == "function_call_output":
+            return self.check_output(index, param, item)
+        if kind == "function_call":
+            problem = self.call_problem(item)
+            return _finding(
+                index, param, "function_call", problem, "This function_call",
+                call_id=_call_id(item), name=_text_or_none(item.get("name")), blocking=False,
+            )
+        return None
+
+    def check_output(self, index: int, param: str, item: JSON) -> Finding:
+        call_id = _call_id(item)
+        if call_id is None:
+            value = item.get("call_id")
+            what = "has no call_id" if value is None else f"has a call_id that is {_kind_of(value)}"
+            return _failure(
+                index, param, Reason.CALL_ID,
+                f"This function_call_output {what}. Set call_id to the call_id of the function_call it answers.",
+            )
+        called = self.find_call(call_id)
+        if called is None:
+            later = self.later_calls.get(call_id)
+            if later is not None and later > index:
+                text = (
+                    f"The item with call_id {call_id!r} comes after this output, at {self.paths[later]}. "
+                    "Put each function_call_output after the function_call it answers."
+                )
+            else:
+                text = (
+                    f"No function_call with call_id {call_id!r} precedes this output, in input or "
+                    f"{CHAIN}. Send the function_call before its output, or continue from the response "
+                    "that made the call with previous_response_id."
+                )
+            return _failure(index, param, Reason.CALL_ID, text, call_id)
+        first = self.answered.setdefault(call_id, index)
+        if first != index:
+            return _failure(
+                index, param, Reason.DUPLICATE_OUTPUT,
+                f"The call {call_id!r} is already answered at {self.paths[first]}; "
+                "each call takes exactly one function_call_output. Remove the duplicate.",
+                call_id,
+            )
+        if called.where == CHAIN and call_id in self.chain_answered:
+            return _failure(
+                index, param, Reason.DUPLICATE_OUTPUT,
+                f"The call {call_id!r} was already answered {CHAIN}; each call takes exactly one "
+                "function_call_output. Remove this one.",
+                call_id,
+            )
+        subject = f"The function_call this output answers (call_id {call_id!r}, {called.where})"
+        kind = called.item.get("type")
+        if kind is not None and (not isinstance(kind, str) or ":" in kind):
+            return _failure(
+                index, param, Reason.NAMESPACED,
+                f"The item with call_id {call_id!r} ({called.where}) has type {_show(kind)}: a vendor "
+                "extension, not a portable function_call, and a function_call_output answers only a "
+                "function_call. Remove this output, or answer the call in its vendor's own format.",
+                call_id,
+            )
+        if kind != "function_call":
+            shown = "no type" if kind is None else f"type {_show(kind)}"
+            return _failure(
+                index, param, Reason.NOT_FUNCTION_CALL,
+                f"The item with call_id {call_id!r} ({called.where}) has {shown}, not a function_call; "
+                "a function_call_output answers only a function_call. Set call_id to the call_id of the "
+                "function_call this output answers.",
+                call_id,
+            )
+        return _finding(index, param, "function_call_output", self.call_problem(called.item), subject,
+                        call_id=call_id)
+
+    def find_call(self, call_id: str) -> _Located | None:
+        if call_id in self.seen_calls:
+            position = self.seen_calls[call_id]
+            return _Located(self.items[position], self.paths[position])
+        if call_id in self.chain_calls:
+            return _Located(self.chain_calls[call_id], CHAIN)
+        return None
+
+    def call_problem(self, call: JSON) -> _Problem | None:
+        key = id(call)
+        if key not in self.call_problems:
+            self.call_problems[key] = _call_problem(call, self.toolbox)
+        return self.call_problems[key]
+
+
+def _finding(
+    index: int, param: str, kind: str, problem: _Problem | None, subject: str,
+    *, call_id: str | None, name: str | None = None, blocking: bool = True,
+) -> Finding:
+    if problem is None:
+        return Finding(index, param, kind, Reason.OK, call_id=call_id, name=name, blocking=blocking)
+    return Finding(index, param, kind, problem.reason, f"{subject} {problem.text}", call_id, name, blocking)
+
+
+def _failure(index: int, param: str, reason: Reason, message: str, call_id: str | None = None) -> Finding:
+    return Finding(index, param, "function_call_output", reason, message, call_id)
+
+
+# ---------------------------------------------------------------- checks of one call
+
+
+def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
+    """The call checks from ``status`` to ``arguments_schema``, first failure wins."""
+    status = call.get("status")
+    if status is not None and status != "completed":
+        return _Problem(
+            Reason.STATUS,
+            f"has status {_show(status)}, not 'completed': an unfinished call may carry truncated "
+            "arguments and must never be answered. Drop the call and its output, and let the model "
+            "call the tool again.",
+        )
+    arguments = call.get("arguments")
+    if not isinstance(arguments, str):
+        what = "no arguments" if arguments is None else f"arguments that are {_kind_of(arguments)}"
+        return _Problem(
+            Reason.ARGUMENTS_TYPE,
+            f"has {what}, not a string. Send arguments as a string of JSON, exactly as the model "
+            'produced it (e.g. "{\\"city\\": \\"Paris\\"}").',
+        )
+    try:
+        value = json.loads(arguments, parse_constant=_reject_constant)
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        detail = (
+            f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else str(exc) or "nested too deeply"
+        )
+        return _Problem(
+            Reason.ARGUMENTS_PARSE,
+            f"has arguments that are not valid JSON ({detail}). Send the arguments exactly as the "
+            "model produced them: a JSON object encoded as a string.",
+        )
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return _Problem(Reason.UNKNOWN_TOOL, "names no function. Set name to the function that was called.")
+    tool = toolbox.by_name.get(name)
+    if tool is None:
+        return _Problem(
+            Reason.UNKNOWN_TOOL,
+            f"calls {name!r}, which is defined neither in this request's tools nor by the responses "
+            f"{CHAIN}. Add the function's definition to tools.",
+        )
+    if not isinstance(value, dict):
+        return _Problem(
+            Reason.ARGUMENTS_SCHEMA,
+            f"has arguments that encode {_kind_of(value)}; function arguments are always a JSON "
+            "object of named parameters. Send an object, e.g. \"{}\" when there are none.",
+        )
+    return _schema_problem(tool, value)
+
+
+def _schema_problem(tool: _Tool, value: dict[str, Any]) -> _Problem | None:
+    if tool.parameters is None:
+        return None
+    where = tool.param or f"as offered {CHAIN}"
+    compiled = _compiled_parameters(tool.parameters)
+    if compiled.validator is None:
+        return _Problem(
+            Reason.INVALID_TOOL_SCHEMA,
+            f"calls {tool.name!r}, whose parameters ({where}) are not a valid JSON Schema, so its "
+            f"arguments cannot be checked: {compiled.error}. Fix the schema.",
+        )
+    try:
+        error = best_match(compiled.validator.iter_errors(value))
+    except Unresolvable as exc:
+        reference = getattr(exc, "ref", None) or str(exc)
+        return _Problem(
+            Reason.INVALID_TOOL_SCHEMA,
+            f"calls {tool.name!r}, whose parameters ({where}) refer to {reference!r}, which does not "
+            "resolve: remote references are never fetched. Put the definition under $defs and refer "
+            "to it as '#/$defs/...'.",
+        )
+    except RecursionError:
+        return _Problem(
+            Reason.ARGUMENTS_SCHEMA,
+            f"has arguments nested too deeply to check against the parameters of {tool.name!r}.",
+        )
+    if error is None:
+        return None
+    return _Problem(
+        Reason.ARGUMENTS_SCHEMA,
+        f"has arguments that do not match the parameters of {tool.name!r}: {error.json_path}: "
+        f"{_clip(error.message)}. Fix the arguments (or the tool's parameters, if the schema is wrong).",
+    )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# ---------------------------------------------------------------- Chat Completions shapes
+
+_CALL_SHAPE = '{"type": "function_call", "call_id": <id>, "name": <function.name>, "arguments": <function.arguments>}'
+_OUTPUT_SHAPE = '{"type": "function_call_output", "call_id": <tool_call_id>, "output": <content>}'
+
+
+def _chat_envelope(item: JSON) -> str | None:
+    """Why ``item`` is a Chat Completions shape, with its Responses equivalent, or ``None``."""
+    kind = item.get("type")
+    if kind in (None, "message"):
+        role = item.get("role")
+        if isinstance(item.get("tool_calls"), list):
+            return (
+                "This is a Chat Completions assistant message with tool_calls, which Responses does not "
+                f"have. Send each tool call as its own function_call item after the message: {_CALL_SHAPE}."
+            )
+        if role in ("tool", "function"):
+            return (
+                f"A message with role {role!r} is a Chat Completions tool result. In Responses, a tool "
+                f"result is a function_call_output item: {_OUTPUT_SHAPE}."
+            )
+    if kind in ("function", "function_call") and isinstance(item.get("function"), Mapping):
+        return (
+            'This is a Chat Completions tool call ({"type": "function", "function": {...}}). In '
+            f"Responses, a tool call is a flat function_call item: {_CALL_SHAPE}."
+        )
+    return None
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _call_id(item: Any) -> str | None:
+    if not isinstance(item, Mapping):
+        return None
+    value = item.get("call_id")
+    return value if isinstance(value, str) and value else None
+
+
+def _item_kind(item: JSON) -> str:
+    kind = item.get("type")
+    if isinstance(kind, str):
+        return kind
+    return "message" if kind is None and "role" in item else "item"
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
+
+
+def _show(value: Any) -> str:
+    return _clip(repr(value) if isinstance(value, str) else json.dumps(value, default=str))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 1] + "…"

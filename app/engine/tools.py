@@ -1,0 +1,106 @@
+"""The tool policy, enforced on what any backend produces.
+
+Backends are asked to respect ``tool_choice`` (the embedded one constrains generation
+with a grammar, upstreams get ``tool_choice``), but the guarantee is made here, the same
+way for every backend:
+
+* a call to a tool that was not offered, or that the policy does not allow
+  (``tool_choice: none``, ``allowed_tools``), never reaches the client;
+* a call whose arguments are not a JSON object never reaches the client;
+* ``parallel_tool_calls: false`` lets the first call through, ``max_tool_calls`` caps
+  the number;
+* ``tool_choice: required`` (or a named function) with no call left fails the response
+  (``model_error``, code ``tool_call_missing``): the spec says the model MUST call.
+
+Every suppressed call is logged with its reason. To be able to judge a call's arguments,
+each call is held until it is complete (the next call starts, or the stream finishes),
+then released as its name and whole arguments; text and reasoning stream untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from app.backends.base import Delta, Finish, GenerationRequest, ToolCallDelta, ToolPolicy
+from app.errors import ModelError
+
+log = logging.getLogger("ors.tools")
+
+
+@dataclass(slots=True)
+class _PendingCall:
+    name: str
+    call_id: str | None
+    pieces: list[str] = field(default_factory=list)
+
+
+async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
+    """``deltas`` with the policy of ``request`` applied (see the module docstring).
+    Closing this iterator closes ``deltas``."""
+    policy = request.tool_policy
+    offered = {tool.name for tool in request.tools}
+    pending: _PendingCall | None = None
+    pending_index = -1
+    released = 0
+
+    def release() -> list[Delta]:
+        nonlocal pending, released
+        call, pending = pending, None
+        if call is None:
+            return []
+        arguments = "".join(call.pieces) or "{}"
+        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy)
+        if reason is not None:
+            log.warning("suppressed a call to %r from model %s: %s", call.name, request.model, reason)
+            return []
+        released += 1
+        return [ToolCallDelta(index=released - 1, name=call.name, arguments=arguments, call_id=call.call_id)]
+
+    try:
+        async for delta in deltas:
+            if isinstance(delta, ToolCallDelta):
+                if delta.index != pending_index or (delta.name and pending is None):
+                    for ready in release():
+                        yield ready
+                    pending_index = delta.index
+                    pending = _PendingCall(name=delta.name or "", call_id=delta.call_id)
+                if pending is not None:
+                    pending.pieces.append(delta.arguments)
+                continue
+            if isinstance(delta, Finish):
+                for ready in release():
+                    yield ready
+                if policy.mode == "required" and request.tools and released == 0:
+                    raise ModelError(
+                        "The model did not call a tool, but tool_choice requires one.", code="tool_call_missing"
+                    )
+                if delta.reason == "tool_calls" and released == 0:
+                    delta = Finish("stop", delta.usage)
+                yield delta
+                continue
+            yield delta
+    finally:
+        await deltas.aclose()  # type: ignore[attr-defined]
+
+
+def _rejection(
+    name: str, arguments: str, offered: set[str], allowed: bool, released: int, policy: ToolPolicy
+) -> str | None:
+    if name not in offered:
+        return "the tool was not offered in 'tools'"
+    if not allowed:
+        return "tool_choice does not allow this tool"
+    if not policy.parallel and released >= 1:
+        return "parallel_tool_calls is false and a call was already made"
+    if policy.max_calls is not None and released >= policy.max_calls:
+        return f"max_tool_calls ({policy.max_calls}) reached"
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        return f"its arguments are not valid JSON ({exc.msg})"
+    if not isinstance(parsed, dict):
+        return "its arguments are not a JSON object"
+    return None

@@ -46,8 +46,8 @@ class ORSError(Exception):
         return {"code": self.code or self.type, "message": self.message}
 
     def websocket_envelope(self) -> dict[str, Any]:
-        """The WebSocket ``WebSocketErrorEvent``."""
-        return {"type": "error", "status": self.status, "error": self.payload()}
+        """The WebSocket ``WebSocketErrorEvent`` (its ``code`` is required)."""
+        return {"type": "error", "status": self.status, "error": {**self.payload(), "code": self.code or self.type}}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, code={self.code!r}, param={self.param!r})"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import uuid
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -12,7 +14,9 @@ from fastapi import FastAPI
 from app.backends.base import Backend
 from app.config import Settings
 from app.engine.models import ModelRouter
+from app.engine.runs import LiveTurns
 from app.engine.turn import Engine
+from app.store.factory import open_store
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
@@ -57,22 +61,32 @@ def _preload(settings: Settings) -> list[str]:
 
 def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None) -> FastAPI:
     """Build the application. ``backends`` replaces the default set (tests use it to add
-    the scripted backend); they are started and closed with the app."""
+    the scripted backend); they are started and closed with the app, and so is the
+    response store."""
     chosen = list(backends) if backends is not None else default_backends(settings)
+    engine = Engine(ModelRouter(chosen, settings.default_model))
+    live = LiveTurns()
+    drain = Drain()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _warn_about_exposure(settings)
-        app.state.drain.bind()
+        drain.bind()
+        engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex)
+        await engine.store.open()
         for backend in chosen:
             await backend.start()
+        drain_task = asyncio.create_task(_drain_when_asked(drain, live))
         app.state.ready = True
         try:
             yield
         finally:
             app.state.ready = False
+            drain_task.cancel()
+            await live.drain()
             for backend in reversed(chosen):
                 await backend.aclose()
+            await engine.store.close()
 
     app = FastAPI(
         title="Open Responses Server",
@@ -82,12 +96,18 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     )
     app.state.settings = settings
     app.state.ready = False
-    app.state.drain = Drain()
-    app.state.engine = Engine(ModelRouter(chosen, settings.default_model))
+    app.state.drain = drain
+    app.state.live = live
+    app.state.engine = engine
     app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
     install_error_handlers(app)
     install_routes(app)
     return app
+
+
+async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
+    await drain.wait()
+    await live.drain()
 
 
 def _warn_about_exposure(settings: Settings) -> None:

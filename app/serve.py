@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import FrameType
 
 import uvicorn
+from sse_starlette.sse import AppStatus
 
 from app.transport.drain import Drain
 
@@ -16,6 +17,9 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
+        # sse-starlette would otherwise cut every open stream on exit with no terminal
+        # event, through a process-wide flag that is never reset; the drain ends them.
+        AppStatus.disable_automatic_graceful_drain()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.drain.begin()

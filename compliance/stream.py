@@ -46,6 +46,9 @@ TERMINAL_EVENT_TYPES = {
     "response.failed": "failed",
     "response.incomplete": "incomplete",
 }
+SUPERSET_TERMINAL_STATUSES = {"response.incomplete": ("cancelled",)}
+"""OpenAI's superset status ``cancelled`` (a background response stopped by the client)
+ends its stream like any early stop, with ``response.incomplete``."""
 SNAPSHOT_EVENT_TYPES = {"response.created", "response.queued", "response.in_progress", *TERMINAL_EVENT_TYPES}
 STABLE_RESPONSE_FIELDS = (
     "id", "object", "created_at", "model", "previous_response_id", "instructions", "tools", "tool_choice",
@@ -252,7 +255,8 @@ class StreamChecker:
         if self._state not in ("in_progress", "error"):
             raise ConformanceError(f"{event_type!r} before 'response.in_progress'")
         status = response["status"]
-        _require(status == TERMINAL_EVENT_TYPES[event_type], "$.response.status",
+        allowed = {TERMINAL_EVENT_TYPES[event_type], *SUPERSET_TERMINAL_STATUSES.get(event_type, ())}
+        _require(status in allowed, "$.response.status",
                  f"{event_type!r} carries a response with status {status!r}")
         open_items = [item for item in self.items if item.done is None]
         if open_items and event_type != "response.failed":

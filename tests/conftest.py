@@ -60,6 +60,34 @@ def scripted_backend() -> ScriptedBackend:
     )
 
 
+POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database on the real server, dropped at the end. Fails (never
+    skips) when PostgreSQL is not reachable: CI must prove the PostgreSQL store."""
+    import asyncio
+    import uuid
+
+    import asyncpg
+
+    name = f"ors_e2e_{uuid.uuid4().hex[:12]}"
+
+    async def admin(statement: str) -> None:
+        connection = await asyncpg.connect(POSTGRES_ADMIN_URL)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
 @pytest.fixture(scope="session")
 def scripted() -> ScriptedBackend:
     return scripted_backend()

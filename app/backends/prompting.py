@@ -10,6 +10,14 @@ expect OpenAI-shaped chat messages, with some quirks that this module absorbs:
   templates treat only ``messages[0]`` as the system prompt (Qwen appends its tools there).
 * Assistant ``tool_calls`` carry ``arguments`` as a JSON object where possible: templates
   render them with ``tojson``, and a string would be rendered doubly quoted.
+
+Tools are part of the prompt whatever the tool policy: every tool of the request is shown,
+also under ``tool_choice: none`` or ``allowed_tools``, so the prompt (and the model's KV
+cache) does not depend on the policy. What may be called is enforced on the output (see
+``toolcalls``). A template with a tools section renders them itself; for one without, a
+short description of the tools goes into the system message. When tools or tool results
+are present, the system message also asks the model to answer from tool results (small
+models otherwise tend to repeat the call).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolPolicy, ToolSpec
+from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolSpec
 from app.errors import InvalidRequest, ModelError
 
 
@@ -44,26 +52,55 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return rendered
 
 
-def template_tools(tools: Sequence[ToolSpec], policy: ToolPolicy) -> list[dict[str, Any]] | None:
-    """The tools the model may call, in the OpenAI ``tools`` shape; ``None`` when there are none.
+def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
+    """All tools of the request in the OpenAI ``tools`` shape; ``None`` when there are none.
 
-    Tools the policy forbids are left out of the prompt entirely: a small local model
-    cannot be trusted to see a tool and not call it.
+    The policy plays no part: a tool the model may not call is still shown (see above).
     """
-    visible = [tool for tool in tools if policy.may_call(tool.name)]
-    if not visible:
+    if not tools:
         return None
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": tool.name,
-                "description": tool.description or "",
-                "parameters": tool.parameters or {"type": "object", "properties": {}},
-            },
-        }
-        for tool in visible
-    ]
+    return [{"type": "function", "function": _tool_function(tool)} for tool in tools]
+
+
+DEFAULT_SYSTEM = "You are a helpful assistant."
+"""The system prompt of a conversation with tools that brings none of its own."""
+
+TOOL_RESULT_HINT = "When a tool result is available, use it to answer the user."
+"""Ends the system message of every conversation with tools or tool results."""
+
+
+def tool_instructions(tools: Sequence[ToolSpec]) -> str:
+    """The tools described in prose, for a chat template that cannot render them."""
+    listing = "\n".join(_tojson(_tool_function(tool)) for tool in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query. "
+        f"The functions:\n{listing}\n\nTo call a function, answer with only a JSON object: "
+        '{"name": <function-name>, "arguments": <args-json-object>}'
+    )
+
+
+def prompt_messages(
+    messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, template_renders_tools: bool
+) -> tuple[ChatMessage, ...]:
+    """``messages`` plus the system text that tool use needs, after the leading system messages.
+
+    Depends only on the conversation and the tools, never on the tool policy. A
+    conversation without tools or tool results is returned unchanged. Without a system
+    message of its own it gets ``DEFAULT_SYSTEM`` (the template's own default is lost
+    once any system message is present); then, for a template without a tools section,
+    ``tool_instructions``; then ``TOOL_RESULT_HINT``.
+    """
+    if not tools and not any(message.role == "tool" for message in messages):
+        return tuple(messages)
+    leading = 0
+    while leading < len(messages) and messages[leading].role in ("system", "developer"):
+        leading += 1
+    parts = [] if leading else [DEFAULT_SYSTEM]
+    if tools and not template_renders_tools:
+        parts.append(tool_instructions(tools))
+    parts.append(TOOL_RESULT_HINT)
+    added = ChatMessage("system", "\n\n".join(parts))
+    return (*messages[:leading], added, *messages[leading:])
 
 
 class ChatTemplate:
@@ -144,6 +181,14 @@ def _only_system_so_far(rendered: list[dict[str, Any]]) -> bool:
 
 def _join(first: str, second: str) -> str:
     return "\n\n".join(part for part in (first, second) if part)
+
+
+def _tool_function(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": tool.description or "",
+        "parameters": tool.parameters or {"type": "object", "properties": {}},
+    }
 
 
 def _template_tool_call(call: ToolCall) -> dict[str, Any]:

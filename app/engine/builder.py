@@ -9,7 +9,7 @@ construction.
 Response states::
 
     queued ──> in_progress ──> completed | incomplete | failed
-       └──────────┴─────────> cancelled
+       └──────────┴─────────> cancelled   (a superset status: stopped by the client)
 
 Item states::
 
@@ -80,7 +80,7 @@ class IllegalTransition(RuntimeError):
 
 
 _RESPONSE_MOVES: dict[str, frozenset[str]] = {
-    "queued": frozenset({"in_progress", "cancelled", "failed"}),
+    "queued": frozenset({"in_progress", "cancelled", "failed", "incomplete"}),
     "in_progress": frozenset({"completed", "incomplete", "failed", "cancelled"}),
 }
 
@@ -422,29 +422,32 @@ class ResponseBuilder:
         ``incomplete`` and end the response ``incomplete``; anything else completes it.
         A response that produced nothing still gets one (empty) assistant message, so
         clients can rely on a message with ``output_text``."""
-        self._require_running()
         incomplete_reason = _INCOMPLETE_REASONS.get(reason)
+        if incomplete_reason:
+            return self.stop(incomplete_reason, usage)
+        self._require_running()
         events: list[StreamEvent] = []
         if self._open is None and not self._output:
             events += self._open_message()
-        events += self._close_open("incomplete" if incomplete_reason else "completed")
-        wire_usage = _usage(usage)
-        if incomplete_reason:
-            self._move(
-                "incomplete",
-                output=list(self._output),
-                usage=wire_usage,
-                incomplete_details=IncompleteDetails(reason=incomplete_reason),
-            )
-            events.append(self._number(ResponseIncomplete(sequence_number=0, response=self._response)))
-        else:
-            self._move(
-                "completed",
-                output=list(self._output),
-                usage=wire_usage,
-                completed_at=int(self._clock()),
-            )
-            events.append(self._number(ResponseCompleted(sequence_number=0, response=self._response)))
+        events += self._close_open("completed")
+        self._move("completed", output=list(self._output), usage=_usage(usage), completed_at=int(self._clock()))
+        events.append(self._number(ResponseCompleted(sequence_number=0, response=self._response)))
+        return events
+
+    def stop(self, reason: str, usage: BackendUsage | None = None, *, status: str = "incomplete") -> list[StreamEvent]:
+        """End early: the open item is closed ``incomplete`` and the response ends with
+        ``response.incomplete`` carrying ``incomplete_details.reason``. ``status`` is
+        ``incomplete``, or ``cancelled`` for a response stopped at the client's request
+        (a documented superset status; its terminal event is still ``response.incomplete``)."""
+        self._require_running(queued_ok=True)
+        events = self._close_open("incomplete")
+        self._move(
+            status,
+            output=list(self._output),
+            usage=_usage(usage),
+            incomplete_details=IncompleteDetails(reason=reason),
+        )
+        events.append(self._number(ResponseIncomplete(sequence_number=0, response=self._response)))
         return events
 
     def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
@@ -487,12 +490,9 @@ class ResponseBuilder:
             ]
         return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)], status="incomplete")]
 
-    def cancel(self) -> ResponseResource:
-        """Stop a queued or running response without further events (background cancel):
-        the open item is kept as ``incomplete`` and the response becomes ``cancelled``."""
-        partial = self._abandon_open()
-        self._move("cancelled", output=[*self._output, *partial])
-        return self._response
+    def cancel(self) -> list[StreamEvent]:
+        """Stop at the client's request (background cancel): ``cancelled``."""
+        return self.stop("cancelled", status="cancelled")
 
 
 def _usage(usage: BackendUsage | None) -> Usage | None:

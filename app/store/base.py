@@ -34,8 +34,17 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.errors import ServerError
+
 JSON = dict[str, Any]
 Order = Literal["asc", "desc"]
+
+
+class StoreConflict(ServerError):
+    """A write that the response's stored state forbids: beginning an id twice, finishing
+    a response twice, or moving or finishing one that was never begun. A bug in the
+    caller (or a race it must handle, such as a cancel that lost to the finish), reported
+    as a server error if it escapes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,19 +110,25 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def begin(self, response: NewResponse) -> None:
-        """Record a response that starts now (row + input items, one transaction)."""
+        """Record a response that starts now (row + input items, one transaction). If
+        ``previous_response_id`` is not visible to ``tenant`` when this commits (absent,
+        deleted meanwhile, another tenant's), nothing is written and
+        :class:`~app.errors.PreviousResponseNotFound` is raised."""
 
     @abc.abstractmethod
     async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
-        """Move a response that has not finished (``queued`` → ``in_progress``)."""
+        """Move a response that has not finished (``queued`` → ``in_progress``, or to
+        ``cancelled``). A response that was cancelled or deleted meanwhile is left as it
+        is; one that already finished otherwise raises :class:`StoreConflict`."""
 
     @abc.abstractmethod
     async def finish(
         self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
     ) -> None:
         """Record the end of a response (output items, final snapshot whose ``status`` is
-        terminal, serialized events) in one transaction. Finishing twice is an error;
-        finishing a response that was cancelled meanwhile leaves it cancelled."""
+        terminal, serialized events) in one transaction. Finishing twice raises
+        :class:`StoreConflict`; finishing a response that was cancelled or deleted
+        meanwhile leaves it as it is and writes nothing."""
 
     @abc.abstractmethod
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
@@ -129,11 +144,13 @@ class ResponseStore(abc.ABC):
     async def input_items(
         self, tenant: str, response_id: str, *, limit: int, order: Order, after: str | None
     ) -> ItemPage | None:
-        """A page of the response's input items (cursor ``after`` = an item id)."""
+        """A page of the response's input items (cursor ``after`` = an item id; an id
+        that is not among them gives an empty page). ``None`` if the response is absent."""
 
     @abc.abstractmethod
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
-        """The serialized events of a finished response, in order."""
+        """The serialized events of a finished response, in order; ``None`` if absent or
+        if no events were recorded (not finished yet, cancelled, or recovered)."""
 
     @abc.abstractmethod
     async def delete(self, tenant: str, response_id: str) -> bool:

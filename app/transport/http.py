@@ -1,21 +1,26 @@
-"""HTTP routes: ``POST /v1/responses`` (JSON and SSE), models, health."""
+"""HTTP routes: ``POST /v1/responses`` (JSON and SSE), the response lifecycle endpoints
+that OpenAI's SDKs call (a superset of the spec), models, health."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from app.engine.history import HistorySource, NoHistory, StoredHistory
+from app.engine.runs import LiveTurns
 from app.engine.turn import Engine, Turn
-from app.engine.validation import decode_json, parse_body
-from app.protocol.responses import CreateResponseBody, ResponseResource
+from app.engine.validation import decode_json
+from app.errors import InvalidRequest, NotFound
+from app.protocol.responses import ResponseResource
+from app.store.base import ResponseStore
 from app.transport.auth import KeyAuthenticator
 from app.transport.errors import error_response
-from app.transport.sse import stream_turn
+from app.transport.sse import replay_events, stream_emitted, stream_turn
 
 log = logging.getLogger("ors.http")
 
@@ -29,8 +34,13 @@ def get_tenant(request: Request) -> str:
     return authenticator.tenant(request.headers.get("authorization"))
 
 
+def get_live(request: Request) -> LiveTurns:
+    return request.app.state.live  # type: ignore[no-any-return]
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
 TenantDep = Annotated[str, Depends(get_tenant)]
+LiveDep = Annotated[LiveTurns, Depends(get_live)]
 
 router = APIRouter()
 
@@ -55,26 +65,159 @@ async def list_models(engine: EngineDep, _: TenantDep) -> dict[str, Any]:
     }
 
 
+def history_for(engine: Engine, tenant: str) -> HistorySource:
+    return StoredHistory(engine.store, tenant) if engine.store is not None else NoHistory()
+
+
 @router.post("/v1/responses")
-async def create_response(request: Request, engine: EngineDep, _: TenantDep) -> Response:
-    """Create a response: JSON by default, SSE with ``stream: true``."""
-    body = parse_body(CreateResponseBody, decode_json(await request.body()))
-    turn = engine.prepare(body)
+async def create_response(request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+    """Create a response: JSON by default, SSE with ``stream: true``; ``background: true``
+    runs it in a task of its own and answers at once."""
+    turn = await engine.prepare(decode_json(await request.body()), tenant=tenant, history=history_for(engine, tenant))
+    body = turn.body
+    drain = request.app.state.drain
+    if body.background:
+        live.start_background(turn)
+        if body.stream:
+            return stream_emitted(turn.follow())
+        await _until(lambda: bool(turn.emitted))
+        return _json(turn.response)
     if body.stream:
-        return stream_turn(turn, request.app.state.drain)
-    response = await _run_while_connected(request, turn)
+        return stream_turn(turn, drain, live)
+    response = await _run_while_connected(request, turn, live)
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)
     return _json(response)
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(
+    response_id: str,
+    engine: EngineDep,
+    tenant: TenantDep,
+    live: LiveDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=-1)] = None,
+) -> Response:
+    """A stored response; with ``stream=true``, its events (after ``starting_after``)
+    replayed, following live ones while it still runs in this server."""
+    running = live.get(tenant, response_id)
+    if running is not None:
+        return stream_emitted(running.follow(starting_after)) if stream else _json(running.response)
+    stored = await _store(engine).get(tenant, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    if not stream:
+        return Response(_dumps(stored.resource), media_type="application/json")
+    events = await _store(engine).events(tenant, response_id)
+    if events is None:
+        raise InvalidRequest(
+            f"Response '{response_id}' has no stored events to replay: it is still running on "
+            "another server instance, or it was interrupted.",
+            code="events_unavailable",
+            param="stream",
+        )
+    return replay_events(events, starting_after)
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+    running = live.get(tenant, response_id)
+    if running is not None:
+        running.cancel()
+        await _until(lambda: running.finished)
+        await _until(lambda: live.get(tenant, response_id) is None)
+    if not await _store(engine).delete(tenant, response_id):
+        raise _not_found(response_id)
+    return Response(_dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
+                    media_type="application/json")
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+    """Cancel a background response; a finished one is returned unchanged."""
+    running = live.get(tenant, response_id)
+    if running is not None:
+        if not running.body.background:
+            raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
+                                 param="response_id")
+        running.cancel()
+        await _until(lambda: running.finished)
+        return _json(running.response)
+    stored = await _store(engine).get(tenant, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    if not stored.background:
+        raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
+                             param="response_id")
+    return Response(_dumps(stored.resource), media_type="application/json")
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    engine: EngineDep,
+    tenant: TenantDep,
+    limit: int = 20,
+    order: str = "desc",
+    after: str | None = None,
+) -> Response:
+    """The response's input items, newest first by default, with cursor pagination."""
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'.", code="invalid_value", param="order")
+    direction: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
+    page = await _store(engine).input_items(tenant, response_id, limit=limit, order=direction, after=after)
+    if page is None:
+        raise _not_found(response_id)
+    data = page.data
+    return Response(
+        _dumps({
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }),
+        media_type="application/json",
+    )
+
+
+def _store(engine: Engine) -> ResponseStore:
+    if engine.store is None:
+        raise NotFound("This server stores no responses.", code="not_found")
+    return engine.store
+
+
+def _not_found(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.", code="response_not_found", param="response_id")
+
+
+def _dumps(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 def _json(response: ResponseResource) -> Response:
     return Response(response.model_dump_json(), media_type="application/json")
 
 
-async def _run_while_connected(request: Request, turn: Turn) -> ResponseResource:
+async def _until(condition: Any, interval: float = 0.01) -> None:
+    while not condition():
+        await asyncio.sleep(interval)
+
+
+async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource:
     """Run a non-streaming turn, cancelling it if the client disconnects first."""
-    task = asyncio.create_task(turn.run())
+
+    async def drive() -> ResponseResource:
+        async for _ in live.tracked_events(turn):
+            pass
+        return turn.response
+
+    task = asyncio.create_task(drive())
 
     async def watch_disconnect() -> None:
         while True:
@@ -93,4 +236,8 @@ async def _run_while_connected(request: Request, turn: Turn) -> ResponseResource
 
 
 def install_routes(app: FastAPI) -> None:
+    from app.transport.websocket import router as websocket_router
+
     app.include_router(router)
+    app.include_router(websocket_router)
+

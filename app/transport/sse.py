@@ -18,19 +18,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.engine.turn import Turn
+from app.engine.runs import LiveTurns
+from app.engine.turn import Emitted, Turn
 from app.errors import ServerError
 from app.transport.drain import Drain
 
 PING_SECONDS = 15
 SHUTDOWN_GRACE_SECONDS = 5.0
-
-
 DONE_FRAME = b"data: [DONE]\n\n"
 
 
@@ -40,30 +40,59 @@ def encode_event(event_type: str, data: str) -> bytes:
     return f"event: {event_type}\ndata: {data}\n\n".encode()
 
 
-def stream_turn(turn: Turn, drain: Drain) -> EventSourceResponse:
-    """The SSE response for a prepared turn."""
+def _response(body: AsyncIterator[bytes], shutdown: anyio.Event | None = None) -> EventSourceResponse:
+    return EventSourceResponse(
+        body,
+        sep="\n",
+        ping=PING_SECONDS,
+        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        shutdown_event=shutdown,
+        shutdown_grace_period=SHUTDOWN_GRACE_SECONDS if shutdown is not None else 0,
+    )
+
+
+def stream_turn(turn: Turn, drain: Drain, live: LiveTurns) -> EventSourceResponse:
+    """The SSE response that drives a prepared turn."""
     shutdown = anyio.Event()
 
     async def body() -> AsyncIterator[bytes]:
         watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
         try:
-            async for event in turn.events():
-                yield encode_event(event.type, event.model_dump_json())
+            async for emitted in live.tracked_events(turn):
+                yield encode_event(emitted.type, emitted.data)
             yield DONE_FRAME
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
 
-    return EventSourceResponse(
-        body(),
-        sep="\n",
-        ping=PING_SECONDS,
-        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        shutdown_event=shutdown,
-        shutdown_grace_period=SHUTDOWN_GRACE_SECONDS,
-    )
+    return _response(body(), shutdown)
+
+
+def stream_emitted(events: AsyncIterator[Emitted]) -> EventSourceResponse:
+    """An SSE response following events produced elsewhere (a background run): the
+    listener going away does not stop the run."""
+
+    async def body() -> AsyncIterator[bytes]:
+        async for emitted in events:
+            yield encode_event(emitted.type, emitted.data)
+        yield DONE_FRAME
+
+    return _response(body())
+
+
+def replay_events(events: Sequence[str], starting_after: int | None) -> EventSourceResponse:
+    """Stored events of a finished response, after sequence number ``starting_after``."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for data in events:
+            event = json.loads(data)
+            if starting_after is None or event["sequence_number"] > starting_after:
+                yield encode_event(event["type"], data)
+        yield DONE_FRAME
+
+    return _response(body())
 
 
 async def _interrupt_on_shutdown(turn: Turn, shutdown: anyio.Event, drain: Drain) -> None:

@@ -1,0 +1,77 @@
+"""Where a continuation's history comes from: the store, or a connection's memory.
+
+The spec's order is kept: for every response of the chain, oldest first, its input items
+then its output items; the new request's input comes after (added by the caller).
+Instructions are not inherited.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.items import from_stored
+from app.errors import InvalidRequest, PreviousResponseNotFound
+from app.store.base import ResponseStore
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The items of a chain (as params, in order) and the tools its responses offered."""
+
+    items: list[object] = field(default_factory=list)
+    tools: list[JSON] = field(default_factory=list)
+    stored_items: list[JSON] = field(default_factory=list)
+    """The same items in stored (wire) form, for a connection cache to keep."""
+
+
+def not_found(response_id: str) -> PreviousResponseNotFound:
+    return PreviousResponseNotFound(
+        f"Previous response with id '{response_id}' not found.", param="previous_response_id"
+    )
+
+
+class HistorySource(abc.ABC):
+    @abc.abstractmethod
+    async def load(self, response_id: str) -> History:
+        """The history up to and including ``response_id``, or ``PreviousResponseNotFound``."""
+
+
+class NoHistory(HistorySource):
+    """Nothing can be continued (no store)."""
+
+    async def load(self, response_id: str) -> History:
+        raise not_found(response_id)
+
+
+class StoredHistory(HistorySource):
+    """Chains persisted in the store, scoped to one tenant."""
+
+    def __init__(self, store: ResponseStore, tenant: str) -> None:
+        self.store = store
+        self.tenant = tenant
+
+    async def load(self, response_id: str) -> History:
+        previous = await self.store.get(self.tenant, response_id)
+        if previous is None:
+            raise not_found(response_id)
+        if previous.status in ("queued", "in_progress"):
+            raise InvalidRequest(
+                f"Previous response '{response_id}' is still {previous.status}; continue from it "
+                "once it has finished.",
+                code="previous_response_in_progress",
+                param="previous_response_id",
+            )
+        links = await self.store.chain(self.tenant, response_id)
+        if not links:
+            raise not_found(response_id)
+        stored: list[JSON] = []
+        tools: list[JSON] = []
+        for link in links:
+            stored += link.input_items
+            stored += link.output_items
+            tools += link.tools
+        return History(items=[from_stored(item) for item in stored], tools=tools, stored_items=stored)

@@ -1,0 +1,61 @@
+"""Responses running in this process: background runs, and stored responses that a
+client may fetch or follow while they are still being generated."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+from app.engine.turn import Emitted, Turn
+from app.errors import ServerError
+
+log = logging.getLogger("ors.runs")
+
+
+class LiveTurns:
+    """A registry of running turns by id. Only stored turns are registered (a
+    ``store: false`` response can never be fetched); lookups are scoped by tenant."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, Turn] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    def get(self, tenant: str, response_id: str) -> Turn | None:
+        turn = self._turns.get(response_id)
+        return turn if turn is not None and turn.tenant == tenant else None
+
+    @contextlib.contextmanager
+    def tracking(self, turn: Turn) -> Iterator[None]:
+        if turn.store is None:
+            yield
+            return
+        self._turns[turn.id] = turn
+        try:
+            yield
+        finally:
+            self._turns.pop(turn.id, None)
+
+    async def tracked_events(self, turn: Turn) -> AsyncIterator[Emitted]:
+        with self.tracking(turn):
+            async for emitted in turn.events():
+                yield emitted
+
+    def start_background(self, turn: Turn) -> None:
+        """Run ``turn`` in a task of its own: it goes on whether or not anyone listens."""
+
+        async def run() -> None:
+            with self.tracking(turn):
+                await turn.run()
+
+        task = asyncio.create_task(run(), name=f"background-{turn.id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def drain(self) -> None:
+        """End every background run with ``response.failed`` (shutting down), recorded."""
+        for turn in list(self._turns.values()):
+            turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down"))
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=10)

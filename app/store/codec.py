@@ -1,0 +1,43 @@
+"""How a response's events are stored: a JSON array of strings, zlib-compressed.
+
+Streams repeat the same keys and ids in every delta event, so they compress tenfold.
+Large payloads are (de)compressed in a worker thread (zlib releases the GIL), so a long
+response does not stall the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import anyio.to_thread
+
+from app.store.schema import dumps_json
+
+INLINE_LIMIT = 64 * 1024
+"""Below this many bytes the work is cheaper than a thread hop."""
+
+LEVEL = 6
+
+
+def pack_events_now(events: list[str]) -> bytes:
+    return zlib.compress(dumps_json(events).encode("utf-8"), LEVEL)
+
+
+def unpack_events_now(body: bytes) -> list[str]:
+    events = json.loads(zlib.decompress(body).decode("utf-8"))
+    if not isinstance(events, list):
+        raise ValueError("stored events are not a JSON array")
+    return events
+
+
+async def pack_events(events: list[str]) -> bytes:
+    if sum(len(event) for event in events) < INLINE_LIMIT:
+        return pack_events_now(events)
+    return await anyio.to_thread.run_sync(pack_events_now, events)
+
+
+async def unpack_events(body: bytes) -> list[str]:
+    if len(body) < INLINE_LIMIT // 8:
+        return unpack_events_now(body)
+    return await anyio.to_thread.run_sync(unpack_events_now, body)

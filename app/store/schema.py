@@ -1,0 +1,128 @@
+"""The store's tables, defined once for SQLite and PostgreSQL.
+
+* ``responses``: one row per response, never removed (a deleted response stays as a
+  hidden tombstone, so ``previous_response_id`` always points at a row). ``owner`` is
+  the instance that runs it; ``finished_at`` is set when its status becomes terminal;
+  ``deleted_at`` hides it from every read.
+* ``items``: a response's own items, ``role`` ``input`` then ``output``, each numbered
+  from 0 by ``position``. Written once (inputs by ``begin``, outputs by ``finish``),
+  removed when no visible response needs them any more.
+* ``events``: the serialized events of a finished response, one row written once: a JSON
+  array of strings, zlib-compressed.
+
+JSON is stored as text, byte for byte what :func:`dumps_json` wrote, so a document comes
+back exactly as it went in (key order and number spelling included) on both engines.
+Times are Unix epoch milliseconds, except ``created_at`` which is the response's own
+(seconds).
+
+The initial migration creates exactly these tables; a test compares the migrated
+database with this module, so a change here needs a new migration.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def dumps_json(value: Any) -> str:
+    """Compact JSON text. Non-ASCII characters are kept as they are unless the text could
+    not be encoded as UTF-8 (a lone surrogate): then everything is escaped."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, separators=(",", ":"))
+    return text
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON document stored as text."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else dumps_json(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+responses = Table(
+    "responses",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("previous_response_id", Text, ForeignKey("responses.id"), nullable=True),
+    Column("instructions", Text, nullable=True),
+    Column("tools", JsonText, nullable=False),
+    Column("resource", JsonText, nullable=False),
+    Column("background", Boolean, nullable=False),
+    Column("owner", Text, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    Column("finished_at", BigInteger, nullable=True),
+    Column("deleted_at", BigInteger, nullable=True),
+    Index("ix_responses_tenant_id", "tenant", "id"),
+    Index("ix_responses_previous_response_id", "previous_response_id"),
+    Index(
+        "ix_responses_unfinished_owner",
+        "owner",
+        sqlite_where=text("finished_at IS NULL"),
+        postgresql_where=text("finished_at IS NULL"),
+    ),
+)
+
+items = Table(
+    "items",
+    metadata,
+    Column("response_id", Text, ForeignKey("responses.id", ondelete="CASCADE"), nullable=False),
+    Column("role", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("item_id", Text, nullable=True),
+    Column("item", JsonText, nullable=False),
+    PrimaryKeyConstraint("response_id", "role", "position"),
+    CheckConstraint("role IN ('input', 'output')", name="role"),
+    Index("ix_items_item_id", "item_id"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("response_id", Text, ForeignKey("responses.id", ondelete="CASCADE"), primary_key=True),
+    Column("body", LargeBinary, nullable=False),
+)
+
+NON_TERMINAL = frozenset({"queued", "in_progress"})
+TERMINAL = frozenset({"completed", "failed", "incomplete", "cancelled"})

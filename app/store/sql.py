@@ -1,0 +1,577 @@
+"""The response store on SQLAlchemy Core: SQLite (aiosqlite) or PostgreSQL (asyncpg).
+
+Transactions. Every write is one transaction (see :mod:`app.store.engines` for how each
+engine begins it), and runs shielded from the caller's cancellation: once started it
+commits or rolls back as a whole, even if the request that asked for it goes away, so
+a response is never left half-written nor forgotten in ``in_progress`` because its
+client disconnected at the wrong moment. Reads of several statements see one snapshot.
+
+Concurrency. On PostgreSQL, ``begin`` takes a share lock on the response it continues
+and ``delete`` takes an update lock on the root of the chain before it decides which
+items are still needed; so a continuation can never commit on top of items a
+concurrent delete removes, and deletes in one chain are serialized. On SQLite writers
+are serialized by the database.
+
+Deletion. A deleted response stays as a hidden row (tombstone); its events are removed
+at once (nothing can read them any more). Its items are removed as soon as no visible
+response descending from it needs them: deleting a response walks up through its
+deleted ancestors and removes the items of every one that has no visible descendant
+left. So deleting the last turn of a conversation frees its items at once; deleting a
+middle turn keeps its items until the turns after it are deleted too.
+
+Recovery. See :mod:`app.store.liveness` for how a dead owner is told from a live one.
+Rows of dead owners left ``queued``/``in_progress`` become ``failed``; their
+``resource`` keeps every field, with ``status: "failed"`` and ``error: {code:
+"server_restarted", message}``. Recovery runs at :meth:`open`, and on PostgreSQL again
+every ``recover_interval`` seconds until :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
+
+from app.errors import PreviousResponseNotFound
+from app.store.base import (
+    JSON,
+    ChainLink,
+    ItemPage,
+    NewResponse,
+    Order,
+    ResponseStore,
+    StoreConflict,
+    StoredResponse,
+)
+from app.store.codec import pack_events, unpack_events
+from app.store.engines import create_engine, is_sqlite, normalize_url, reader, sqlite_path, writer
+from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
+from app.store.migrate import upgrade
+from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
+from app.store.schema import events as event_rows
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RESTARTED_CODE = "server_restarted"
+RESTARTED_MESSAGE = "The server stopped before this response finished; it was not completed."
+MAX_CHAIN_DEPTH = 1_000_000
+"""A guard against a cycle, which the write path cannot create."""
+PURGE_BATCH = 500
+
+
+class SqlResponseStore(ResponseStore):
+    """The durable store. ``url`` is a SQLAlchemy URL (``sqlite+aiosqlite:///path/ors.db``
+    or ``postgresql+asyncpg://user@host/db``; plain ``sqlite:`` / ``postgresql:`` are
+    accepted); ``instance_id`` names this server process and must be unique per start."""
+
+    def __init__(
+        self, url: str, instance_id: str, *, recover_interval: float = 30.0, pool_size: int = 10
+    ) -> None:
+        if not instance_id:
+            raise ValueError("instance_id must not be empty")
+        self.url = normalize_url(url)
+        self.instance_id = instance_id
+        self.recover_interval = recover_interval
+        self._pool_size = pool_size
+        self._engine: AsyncEngine | None = None
+        self._writer: AsyncEngine | None = None
+        self._reader: AsyncEngine | None = None
+        self._liveness: Liveness | None = None
+        self._recovery_task: asyncio.Task[None] | None = None
+        self._recover_lock = asyncio.Lock()
+        self._writes: set[asyncio.Future[Any]] = set()
+
+    @property
+    def engine(self) -> AsyncEngine:
+        if self._engine is None:
+            raise RuntimeError("the store is not open")
+        return self._engine
+
+    @property
+    def is_sqlite(self) -> bool:
+        return is_sqlite(self.url)
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Lock (SQLite: the file; PostgreSQL: the instance id), migrate to head,
+        recover, and on PostgreSQL start periodic recovery."""
+        if self._engine is not None:
+            raise RuntimeError("the store is already open")
+        engine = create_engine(self.url, pool_size=self._pool_size)
+        self._engine, self._writer, self._reader = engine, writer(engine), reader(engine)
+        try:
+            if self.is_sqlite:
+                self._liveness = SingleProcessLiveness(sqlite_path(self.url))
+                await self._liveness.start()
+                await upgrade(engine)
+            else:
+                await upgrade(engine)
+                self._liveness = AdvisoryLockLiveness(engine, self.instance_id)
+                await self._liveness.start()
+            await self.recover()
+            if self._liveness.periodic and self.recover_interval > 0:
+                self._recovery_task = asyncio.create_task(self._recover_periodically())
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Stop periodic recovery, let writes in flight commit, release the locks and the
+        pool. Idempotent."""
+        task, self._recovery_task = self._recovery_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._writes:
+            await asyncio.wait(list(self._writes))
+        liveness, self._liveness = self._liveness, None
+        engine, self._engine = self._engine, None
+        try:
+            if liveness is not None:
+                await liveness.close()
+        finally:
+            if engine is not None:
+                await engine.dispose()
+
+    async def _recover_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.recover_interval)
+            try:
+                async with self._recover_lock:
+                    if self._liveness is not None:
+                        await self._liveness.heartbeat()
+                await self.recover()
+            except Exception:
+                log.exception("Periodic recovery of the response store failed; retrying later.")
+
+    # -- writes --------------------------------------------------------------------
+
+    async def begin(self, response: NewResponse) -> None:
+        if response.status not in NON_TERMINAL:
+            raise ValueError(f"a response begins queued or in_progress, not {response.status!r}")
+        now = _now_ms()
+        row = {
+            "id": response.id,
+            "tenant": response.tenant,
+            "status": response.status,
+            "created_at": response.created_at,
+            "model": response.model,
+            "previous_response_id": response.previous_response_id,
+            "instructions": response.instructions,
+            "tools": response.tools,
+            "resource": response.resource,
+            "background": response.background,
+            "owner": self.instance_id,
+            "updated_at": now,
+        }
+        input_rows = _item_rows(response.id, "input", response.input_items)
+
+        async def work(connection: AsyncConnection) -> None:
+            previous = response.previous_response_id
+            if previous is not None:
+                visible = select(responses.c.id).where(_visible(response.tenant, previous))
+                if await connection.scalar(visible.with_for_update(read=True)) is None:
+                    raise PreviousResponseNotFound(
+                        f"Previous response with id '{previous}' not found.", param="previous_response_id"
+                    )
+            try:
+                await connection.execute(insert(responses).values(row))
+            except IntegrityError as error:
+                raise StoreConflict(f"Response '{response.id}' already exists.") from error
+            if input_rows:
+                await connection.execute(insert(items), input_rows)
+
+        await self._write(work)
+
+    async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
+        if status not in NON_TERMINAL and status != "cancelled":
+            raise ValueError(f"set_status moves to queued, in_progress or cancelled, not {status!r}")
+
+        async def work(connection: AsyncConnection) -> None:
+            current = await _lock_for_update(connection, tenant, response_id)
+            if current.deleted_at is not None or current.status == "cancelled":
+                return
+            if current.finished_at is not None:
+                raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
+            now = _now_ms()
+            values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
+            if status == "cancelled":
+                values["finished_at"] = now
+            await connection.execute(update(responses).where(responses.c.id == response_id).values(values))
+
+        await self._write(work)
+
+    async def finish(
+        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
+    ) -> None:
+        """Writes nothing if the response was cancelled or deleted meanwhile (the cancel
+        or the delete wins; the output of the run is dropped)."""
+        status = resource.get("status")
+        if status not in TERMINAL:
+            raise ValueError(f"a finished response has a terminal status, not {status!r}")
+        output_rows = _item_rows(response_id, "output", output_items)
+        body = await pack_events(events)
+
+        async def work(connection: AsyncConnection) -> None:
+            current = await _lock_for_update(connection, tenant, response_id)
+            if current.deleted_at is not None or current.status == "cancelled":
+                return
+            if current.finished_at is not None:
+                raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
+            if output_rows:
+                await connection.execute(insert(items), output_rows)
+            await connection.execute(insert(event_rows).values(response_id=response_id, body=body))
+            now = _now_ms()
+            await connection.execute(
+                update(responses)
+                .where(responses.c.id == response_id)
+                .values(status=status, resource=resource, updated_at=now, finished_at=now)
+            )
+
+        await self._write(work)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        async def work(connection: AsyncConnection) -> bool:
+            path = await _ancestry(connection, tenant, response_id, visible_start=True)
+            if not path:
+                return False
+            root = path[-1].id
+            if not self.is_sqlite:
+                await connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
+            now = _now_ms()
+            marked = await connection.execute(
+                update(responses)
+                .where(_visible(tenant, response_id))
+                .values(deleted_at=now, updated_at=now)
+            )
+            if marked.rowcount == 0:
+                return False
+            await connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
+            unneeded = await _unneeded_after_delete(connection, tenant, response_id)
+            for start in range(0, len(unneeded), PURGE_BATCH):
+                batch = unneeded[start : start + PURGE_BATCH]
+                await connection.execute(delete(items).where(items.c.response_id.in_(batch)))
+                await connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
+            return True
+
+        return await self._write(work)
+
+    async def recover(self) -> int:
+        async with self._recover_lock:
+            liveness = self._liveness
+            if liveness is None:
+                raise RuntimeError("the store is not open")
+            async with self.engine.connect() as connection:
+                owners = (
+                    await connection.scalars(
+                        select(responses.c.owner)
+                        .where(responses.c.finished_at.is_(None), responses.c.owner != self.instance_id)
+                        .distinct()
+                    )
+                ).all()
+            recovered = 0
+            for owner in owners:
+                async with liveness.claim_if_dead(owner) as dead:
+                    if dead:
+                        recovered += await self._write(functools.partial(_fail_rows_of, owner=owner))
+            if recovered:
+                log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
+            return recovered
+
+    async def _write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run ``work`` in one write transaction that the caller's cancellation cannot
+        interrupt."""
+        writer_engine = self._writer
+        if writer_engine is None:
+            raise RuntimeError("the store is not open")
+
+        async def transaction() -> T:
+            async with writer_engine.begin() as connection:
+                return await work(connection)
+
+        future = asyncio.ensure_future(transaction())
+        self._writes.add(future)
+        future.add_done_callback(self._write_done)
+        return await asyncio.shield(future)
+
+    def _write_done(self, future: asyncio.Future[Any]) -> None:
+        self._writes.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.debug("A store write failed: %r", future.exception())
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _read(self) -> Any:
+        if self._reader is None:
+            raise RuntimeError("the store is not open")
+        return self._reader.begin()
+
+    async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
+        async with self._read() as connection:
+            row = (
+                await connection.execute(
+                    select(
+                        responses.c.id,
+                        responses.c.tenant,
+                        responses.c.status,
+                        responses.c.created_at,
+                        responses.c.model,
+                        responses.c.previous_response_id,
+                        responses.c.instructions,
+                        responses.c.tools,
+                        responses.c.resource,
+                        responses.c.background,
+                    ).where(_visible(tenant, response_id))
+                )
+            ).first()
+        if row is None:
+            return None
+        return StoredResponse(
+            id=row.id,
+            tenant=row.tenant,
+            status=row.status,
+            created_at=row.created_at,
+            model=row.model,
+            previous_response_id=row.previous_response_id,
+            instructions=row.instructions,
+            tools=row.tools,
+            resource=row.resource,
+            background=bool(row.background),
+        )
+
+    async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
+        """Two statements whatever the depth: the links (a recursive CTE up
+        ``previous_response_id``), then all their items (the same CTE joined to
+        ``items``), in one snapshot."""
+        async with self._read() as connection:
+            ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
+            links = (
+                await connection.execute(
+                    select(ancestry.c.id, responses.c.tools)
+                    .join(responses, responses.c.id == ancestry.c.id)
+                    .order_by(ancestry.c.depth.desc())
+                )
+            ).all()
+            if not links:
+                return None
+            ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
+            rows = (
+                await connection.execute(
+                    select(items.c.response_id, items.c.role, items.c.item)
+                    .where(items.c.response_id.in_(select(ancestry.c.id)))
+                    .order_by(items.c.response_id, items.c.role, items.c.position)
+                )
+            ).all()
+        own: dict[str, tuple[list[JSON], list[JSON]]] = {link.id: ([], []) for link in links}
+        for row in rows:
+            inputs, outputs = own[row.response_id]
+            (inputs if row.role == "input" else outputs).append(row.item)
+        return [
+            ChainLink(
+                response_id=link.id, tools=link.tools, input_items=own[link.id][0], output_items=own[link.id][1]
+            )
+            for link in links
+        ]
+
+    async def input_items(
+        self, tenant: str, response_id: str, *, limit: int, order: Order, after: str | None
+    ) -> ItemPage | None:
+        """Items after the cursor in the chosen order (``desc`` walks the original order
+        backwards); an ``after`` id that is not one of the response's input items gives
+        an empty page."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        if order not in ("asc", "desc"):
+            raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
+        ascending = order == "asc"
+        own_inputs = (items.c.response_id == response_id) & (items.c.role == "input")
+        query = select(items.c.item).where(own_inputs)
+        if after is not None:
+            cursor = (
+                select(func.min(items.c.position)).where(own_inputs, items.c.item_id == after).scalar_subquery()
+            )
+            query = query.where(items.c.position > cursor if ascending else items.c.position < cursor)
+        query = query.order_by(items.c.position.asc() if ascending else items.c.position.desc()).limit(limit + 1)
+        async with self._read() as connection:
+            if await connection.scalar(select(responses.c.id).where(_visible(tenant, response_id))) is None:
+                return None
+            page = (await connection.scalars(query)).all()
+        return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
+
+    async def events(self, tenant: str, response_id: str) -> list[str] | None:
+        async with self._read() as connection:
+            body = await connection.scalar(
+                select(event_rows.c.body)
+                .join(responses, responses.c.id == event_rows.c.response_id)
+                .where(_visible(tenant, response_id))
+            )
+        return None if body is None else await unpack_events(body)
+
+
+# -- statements ------------------------------------------------------------------------
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _visible(tenant: str, response_id: str) -> ColumnElement[bool]:
+    return (
+        (responses.c.id == response_id) & (responses.c.tenant == tenant) & responses.c.deleted_at.is_(None)
+    )
+
+
+def _item_rows(response_id: str, role: str, documents: Sequence[JSON]) -> list[dict[str, Any]]:
+    return [
+        {
+            "response_id": response_id,
+            "role": role,
+            "position": position,
+            "item_id": _item_id(document),
+            "item": document,
+        }
+        for position, document in enumerate(documents)
+    ]
+
+
+def _item_id(document: JSON) -> str | None:
+    value = document.get("id")
+    return value if isinstance(value, str) else None
+
+
+def _ancestry_cte(
+    tenant: str, response_id: str, *, visible_start: bool, through_deleted_only: bool = False
+) -> CTE:
+    """``response_id`` and its ancestors (``depth`` 0 = the start), as a recursive CTE.
+    ``visible_start`` requires the start to be visible; ``through_deleted_only`` stops
+    the walk after the first ancestor that is not deleted."""
+    start = select(
+        responses.c.id,
+        responses.c.previous_response_id,
+        responses.c.deleted_at,
+        literal_column("0").label("depth"),
+    ).where(responses.c.id == response_id, responses.c.tenant == tenant)
+    if visible_start:
+        start = start.where(responses.c.deleted_at.is_(None))
+    ancestry = start.cte("ancestry", recursive=True)
+    parent = responses.alias("parent")
+    step = (
+        select(parent.c.id, parent.c.previous_response_id, parent.c.deleted_at, ancestry.c.depth + 1)
+        .join(ancestry, parent.c.id == ancestry.c.previous_response_id)
+        .where(parent.c.tenant == tenant, ancestry.c.depth < MAX_CHAIN_DEPTH)
+    )
+    if through_deleted_only:
+        step = step.where(ancestry.c.deleted_at.is_not(None))
+    return ancestry.union_all(step)
+
+
+async def _ancestry(
+    connection: AsyncConnection,
+    tenant: str,
+    response_id: str,
+    *,
+    visible_start: bool,
+    through_deleted_only: bool = False,
+) -> Sequence[Row[Any]]:
+    ancestry = _ancestry_cte(
+        tenant, response_id, visible_start=visible_start, through_deleted_only=through_deleted_only
+    )
+    return (await connection.execute(select(ancestry).order_by(ancestry.c.depth))).all()
+
+
+async def _lock_for_update(connection: AsyncConnection, tenant: str, response_id: str) -> Row[Any]:
+    row = (
+        await connection.execute(
+            select(responses.c.status, responses.c.finished_at, responses.c.deleted_at)
+            .where(responses.c.id == response_id, responses.c.tenant == tenant)
+            .with_for_update()
+        )
+    ).first()
+    if row is None:
+        raise StoreConflict(f"Response '{response_id}' was never begun.")
+    return row
+
+
+async def _unneeded_after_delete(connection: AsyncConnection, tenant: str, response_id: str) -> list[str]:
+    """The responses whose items nobody needs once ``response_id`` is deleted: it and
+    its deleted ancestors, from the bottom up, as long as none has a visible descendant.
+
+    One walk up (through deleted ancestors), one walk down from the topmost of them
+    (through deleted responses only: below a visible one nothing matters).
+    """
+    walk_up = await _ancestry(connection, tenant, response_id, visible_start=False, through_deleted_only=True)
+    path = [row.id for row in walk_up if row.deleted_at is not None]
+    if not path:
+        return []
+    below = responses.alias("child")
+    start = select(responses.c.id, responses.c.previous_response_id, responses.c.deleted_at).where(
+        responses.c.id == path[-1]
+    )
+    subtree = start.cte("subtree", recursive=True)
+    subtree = subtree.union_all(
+        select(below.c.id, below.c.previous_response_id, below.c.deleted_at)
+        .join(subtree, below.c.previous_response_id == subtree.c.id)
+        .where(subtree.c.deleted_at.is_not(None))
+    )
+    nodes = (await connection.execute(select(subtree))).all()
+    parent_of = {node.id: node.previous_response_id for node in nodes}
+    depth_on_path = {node_id: depth for depth, node_id in enumerate(path)}
+    needed_from = len(path)
+    for node in nodes:
+        if node.deleted_at is not None:
+            continue
+        ancestor = node.previous_response_id
+        while ancestor is not None and ancestor not in depth_on_path:
+            ancestor = parent_of.get(ancestor)
+        if ancestor is not None:
+            needed_from = min(needed_from, depth_on_path[ancestor])
+    return path[:needed_from]
+
+
+async def _fail_rows_of(connection: AsyncConnection, *, owner: str) -> int:
+    rows = (
+        await connection.execute(
+            select(responses.c.id, responses.c.resource)
+            .where(responses.c.owner == owner, responses.c.finished_at.is_(None))
+            .with_for_update()
+        )
+    ).all()
+    if not rows:
+        return 0
+    now = _now_ms()
+    await connection.execute(
+        update(responses)
+        .where(responses.c.id == bindparam("failed_id"))
+        .values(
+            status="failed",
+            resource=bindparam("failed_resource", type_=responses.c.resource.type),
+            updated_at=now,
+            finished_at=now,
+        ),
+        [{"failed_id": row.id, "failed_resource": failed_resource(row.resource)} for row in rows],
+    )
+    return len(rows)
+
+
+def failed_resource(resource: JSON) -> JSON:
+    """The snapshot of a response its server never finished: every field kept, the
+    status ``failed`` with a ``server_restarted`` error."""
+    return {
+        **resource,
+        "status": "failed",
+        "error": {"code": RESTARTED_CODE, "message": RESTARTED_MESSAGE},
+    }
+

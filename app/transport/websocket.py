@@ -1,0 +1,250 @@
+"""The WebSocket transport on ``/v1/responses``.
+
+Each client text frame is one ``{"type": "response.create", ...request body}``. The
+server answers with the same event objects as SSE, one JSON object per frame, and no
+``[DONE]``. Contract of a connection:
+
+* **One response in flight.** Frames that arrive while a turn runs wait in a queue and
+  run strictly in order. The reader keeps reading meanwhile, so a client that goes away
+  is noticed at once: the running turn is cancelled, which stops generation.
+* **Connection-local state.** The latest response of the connection is kept in memory
+  (its whole history), so a ``store: false`` response can be continued on the same
+  socket; stored ids are loaded from the store. A continuation that fails (any 4xx or
+  5xx) evicts the id it referenced: continuing from it again on this connection fails
+  with ``previous_response_not_found``.
+* **One terminal message per turn.** A failure before the response starts is one error
+  envelope ``{"type": "error", "status", "error": {...}}``; a failure after it started
+  is one ``response.failed`` (no ``error`` event before it, unlike SSE). The socket stays
+  open for the next turn.
+* **The cap.** After ``ORS_WS_MAX_CONNECTION_SECONDS`` the running turn (if any) ends
+  with ``response.failed``, code ``websocket_connection_limit_reached``; an idle
+  connection gets that error envelope. Queued turns that never started are dropped.
+  Then the socket closes normally. Server shutdown does the same with
+  ``server_shutting_down``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from app.engine.items import from_stored
+from app.engine.history import History, HistorySource, NoHistory, StoredHistory, not_found
+from app.engine.runs import LiveTurns
+from app.engine.turn import Engine, Turn
+from app.errors import InvalidRequest, ORSError, ServerError
+from app.transport.auth import KeyAuthenticator
+from app.transport.drain import Drain
+from app.transport.errors import error_response
+
+log = logging.getLogger("ors.websocket")
+
+router = APIRouter()
+
+FORBIDDEN_FIELDS = ("stream", "stream_options", "background")
+LIMIT_CODE = "websocket_connection_limit_reached"
+
+
+class ConnectionHistory(HistorySource):
+    """The connection's latest response from memory, other ids from the store; evicted
+    ids are never found again on this connection."""
+
+    def __init__(self, fallback: HistorySource) -> None:
+        self.fallback = fallback
+        self.latest: tuple[str, History] | None = None
+        self.evicted: set[str] = set()
+
+    async def load(self, response_id: str) -> History:
+        if response_id in self.evicted:
+            raise not_found(response_id)
+        if self.latest is not None and self.latest[0] == response_id:
+            return self.latest[1]
+        return await self.fallback.load(response_id)
+
+    def remember(self, turn: Turn, past: History) -> None:
+        output = [item.model_dump(mode="json") for item in turn.response.output]
+        stored = [*past.stored_items, *turn.input_items, *output]
+        self.latest = (
+            turn.id,
+            History(items=[from_stored(item) for item in stored], tools=[*past.tools, *turn.tools],
+                    stored_items=stored),
+        )
+
+    def evict(self, response_id: str) -> None:
+        self.evicted.add(response_id)
+        if self.latest is not None and self.latest[0] == response_id:
+            self.latest = None
+
+
+class Connection:
+    def __init__(self, socket: WebSocket, engine: Engine, tenant: str, live: LiveTurns, drain: Drain,
+                 max_seconds: float) -> None:
+        self.socket = socket
+        self.engine = engine
+        self.tenant = tenant
+        self.live = live
+        self.drain = drain
+        self.max_seconds = max_seconds
+        fallback = StoredHistory(engine.store, tenant) if engine.store is not None else NoHistory()
+        self.history = ConnectionHistory(fallback)
+        self.frames: asyncio.Queue[str | None] = asyncio.Queue()
+        self.current: Turn | None = None
+        self.closing: ORSError | None = None
+
+    async def serve(self) -> None:
+        reader = asyncio.create_task(self._read())
+        worker = asyncio.create_task(self._work())
+        limit = asyncio.create_task(self._limit())
+        try:
+            done, _ = await asyncio.wait({reader, worker, limit}, return_when=asyncio.FIRST_COMPLETED)
+            if reader in done:
+                # the client went away (or sent a close): stop whatever runs
+                worker.cancel()
+            elif limit in done:
+                await self._close_after(worker, limit.result())
+        finally:
+            for task in (reader, worker, limit):
+                task.cancel()
+            for task in (reader, worker, limit):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.socket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                text = message.get("text")
+                if text is None and message.get("bytes") is not None:
+                    text = message["bytes"].decode("utf-8", errors="replace")
+                await self.frames.put(text)
+        except WebSocketDisconnect:
+            return
+
+    async def _limit(self) -> ORSError:
+        """Resolves with the error that ends the connection: the cap, or shutdown."""
+        cap = asyncio.create_task(asyncio.sleep(self.max_seconds))
+        stop = asyncio.create_task(self.drain.wait())
+        try:
+            done, _ = await asyncio.wait({cap, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cap.cancel()
+            stop.cancel()
+        if stop in done:
+            return ServerError("The server is shutting down; reconnect to continue.", code="server_shutting_down")
+        return InvalidRequest(
+            f"This connection reached its limit of {self.max_seconds:g} seconds; open a new one to continue.",
+            code=LIMIT_CODE,
+        )
+
+    async def _close_after(self, worker: asyncio.Task[None], error: ORSError) -> None:
+        """End the running turn (if any) with ``error``, drop the queue, close cleanly."""
+        self.closing = error
+        if self.current is not None and not self.current.finished:
+            self.current.interrupt(error)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(worker), timeout=30)
+        else:
+            worker.cancel()
+            await self._send(error.websocket_envelope())
+        with contextlib.suppress(Exception):
+            await self.socket.close(code=1000 if error.code == LIMIT_CODE else 1001)
+
+    async def _work(self) -> None:
+        while True:
+            frame = await self.frames.get()
+            if frame is None:
+                return
+            await self._turn(frame)
+            if self.closing is not None:
+                return
+
+    async def _turn(self, frame: str) -> None:
+        data: Any = None
+        try:
+            data = _create_event(frame)
+            previous = data.get("previous_response_id")
+            past = (
+                await self.history.load(previous) if isinstance(previous, str) and previous else History()
+            )
+            turn = await self.engine.prepare(data, tenant=self.tenant, history=_Fixed(past), error_events=False)
+        except ORSError as error:
+            self._evict_referenced(data)
+            await self._send(error.websocket_envelope())
+            return
+        self.current = turn
+        try:
+            async for emitted in self.live.tracked_events(turn):
+                await self.socket.send_text(emitted.data)
+        finally:
+            self.current = None
+        if turn.response.status in ("failed", "cancelled"):
+            self._evict_referenced(data)
+        else:
+            self.history.remember(turn, past)
+
+    def _evict_referenced(self, data: Any) -> None:
+        previous = data.get("previous_response_id") if isinstance(data, dict) else None
+        if isinstance(previous, str):
+            self.history.evict(previous)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):
+            await self.socket.send_text(json.dumps(message, separators=(",", ":")))
+
+
+class _Fixed(HistorySource):
+    """A history already loaded (the connection resolved it, so it can evict on failure)."""
+
+    def __init__(self, history: History) -> None:
+        self.history = history
+
+    async def load(self, response_id: str) -> History:
+        return self.history
+
+
+def _create_event(frame: str | None) -> dict[str, Any]:
+    if frame is None:
+        raise InvalidRequest("Frames must be text holding one JSON object.", code="invalid_json")
+    try:
+        data = json.loads(frame)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"The frame is not valid JSON: {exc.msg}.", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("A frame must be a JSON object.", code="invalid_type")
+    if data.get("type") != "response.create":
+        raise InvalidRequest(
+            f"Unknown client event type {data.get('type')!r}: send 'response.create'.",
+            code="invalid_type",
+            param="type",
+        )
+    for name in FORBIDDEN_FIELDS:
+        if name in data:
+            raise InvalidRequest(
+                f"'{name}' is not allowed on the WebSocket transport: every turn streams, one at a time.",
+                code="invalid_value",
+                param=name,
+            )
+    return {key: value for key, value in data.items() if key != "type"}
+
+
+@router.websocket("/v1/responses")
+async def responses_socket(socket: WebSocket) -> None:
+    state = socket.app.state
+    authenticator: KeyAuthenticator = state.authenticator
+    try:
+        tenant = authenticator.tenant(socket.headers.get("authorization"))
+    except ORSError as error:
+        await socket.send_denial_response(error_response(error))
+        return
+    await socket.accept()
+    connection = Connection(
+        socket, state.engine, tenant, state.live, state.drain, state.settings.ws_max_connection_seconds
+    )
+    await connection.serve()

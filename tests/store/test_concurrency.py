@@ -1,0 +1,152 @@
+"""Many tasks at once on one store, and writes that outlive their caller."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+from sqlalchemy import event
+from sqlalchemy.util.concurrency import await_
+
+from app.errors import PreviousResponseNotFound
+from app.store.sql import SqlResponseStore
+from tests.store.helpers import assistant_message, events_of, final, new_response, row_count, user_message
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_begins_and_finishes(store: SqlResponseStore, tenant: str) -> None:
+    begun = [new_response(tenant, inputs=[user_message(f"task {n} item {k}") for k in range(3)]) for n in range(60)]
+
+    async def run(one) -> None:
+        await store.begin(one)
+        output = [assistant_message(f"answer {one.id}")]
+        await store.finish(tenant, one.id, final(one, output), output, events_of(one.id))
+
+    async with anyio.create_task_group() as group:
+        for one in begun:
+            group.start_soon(run, one)
+
+    for one in begun:
+        links = await store.chain(tenant, one.id)
+        assert links is not None and links[0].input_items == one.input_items
+        assert links[0].output_items[0]["content"][0]["text"] == f"answer {one.id}"
+    assert await row_count(store, "items") == 60 * 4
+
+
+async def test_concurrent_continuations_of_one_response(store: SqlResponseStore, tenant: str) -> None:
+    root = new_response(tenant)
+    await store.begin(root)
+    await store.finish(tenant, root.id, final(root, []), [], events_of(root.id))
+    children = [new_response(tenant, previous=root.id) for _ in range(30)]
+    async with anyio.create_task_group() as group:
+        for child in children:
+            group.start_soon(store.begin, child)
+    for child in children:
+        links = await store.chain(tenant, child.id)
+        assert links is not None and [link.response_id for link in links] == [root.id, child.id]
+
+
+async def test_delete_racing_continuations_never_strands_a_child(store: SqlResponseStore, tenant: str) -> None:
+    """A continuation commits before the delete (and then keeps the parent's items) or
+    fails with previous_response_not_found: never a child whose context was removed."""
+    for _ in range(5):
+        parent = new_response(tenant, inputs=[user_message("parent question")])
+        await store.begin(parent)
+        output = [assistant_message("parent answer")]
+        await store.finish(tenant, parent.id, final(parent, output), output, events_of(parent.id))
+        children = [new_response(tenant, previous=parent.id) for _ in range(12)]
+        outcomes: dict[str, bool] = {}
+
+        async def continue_from(child) -> None:
+            try:
+                await store.begin(child)
+                outcomes[child.id] = True
+            except PreviousResponseNotFound:
+                outcomes[child.id] = False
+
+        async with anyio.create_task_group() as group:
+            for index, child in enumerate(children):
+                group.start_soon(continue_from, child)
+                if index == len(children) // 2:
+                    group.start_soon(store.delete, tenant, parent.id)
+
+        assert await store.get(tenant, parent.id) is None
+        survivors = [child for child in children if outcomes[child.id]]
+        for child in survivors:
+            links = await store.chain(tenant, child.id)
+            assert links is not None and len(links) == 2
+            assert links[0].input_items == parent.input_items and links[0].output_items == output
+        for child in children:
+            if not outcomes[child.id]:
+                assert await store.get(tenant, child.id) is None
+        expected_parent_items = 2 if survivors else 0
+        assert await row_count(store, "items", parent.id) == expected_parent_items
+
+
+async def test_delete_between_a_continuations_check_and_its_commit(store: SqlResponseStore, tenant: str) -> None:
+    """The continuation is paused right after it found its parent visible, and the
+    parent is deleted meanwhile: the delete must wait (or see the child), never remove
+    the items the child's context needs."""
+    parent = new_response(tenant, inputs=[user_message("parent question")])
+    await store.begin(parent)
+    output = [assistant_message("parent answer")]
+    await store.finish(tenant, parent.id, final(parent, output), output, events_of(parent.id))
+    child = new_response(tenant, previous=parent.id)
+    checked, release = anyio.Event(), anyio.Event()
+
+    async def hold() -> None:
+        checked.set()
+        with anyio.move_on_after(1.0):  # a delete that waits for the lock cannot set it
+            await release.wait()
+
+    def pause_after_parent_check(conn, cursor, statement, parameters, context, executemany) -> None:
+        if not checked.is_set() and statement.startswith("SELECT responses.id") and parent.id in str(parameters):
+            await_(hold())
+
+    event.listen(store.engine.sync_engine, "after_cursor_execute", pause_after_parent_check)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(store.begin, child)
+            await checked.wait()
+
+            async def delete_then_release() -> None:
+                assert await store.delete(tenant, parent.id)
+                release.set()
+
+            group.start_soon(delete_then_release)
+    finally:
+        event.remove(store.engine.sync_engine, "after_cursor_execute", pause_after_parent_check)
+
+    links = await store.chain(tenant, child.id)
+    assert links is not None and [link.response_id for link in links] == [parent.id, child.id]
+    assert links[0].input_items == parent.input_items and links[0].output_items == output
+
+
+async def test_a_write_survives_its_callers_cancellation(store: SqlResponseStore, tenant: str) -> None:
+    begun = new_response(tenant)
+    await store.begin(begun)
+    output = [assistant_message("written anyway")]
+    caller = asyncio.ensure_future(store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id)))
+    await asyncio.sleep(0)  # the transaction has started
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    with anyio.fail_after(10):
+        while (stored := await store.get(tenant, begun.id)) is not None and stored.status != "completed":
+            await anyio.sleep(0.01)
+    assert await store.events(tenant, begun.id) == events_of(begun.id)
+
+
+async def test_close_waits_for_writes_in_flight(open_store, tenant: str) -> None:
+    store = await open_store("closing")
+    begun = new_response(tenant)
+    await store.begin(begun)
+    caller = asyncio.ensure_future(store.finish(tenant, begun.id, final(begun, []), [], events_of(begun.id)))
+    await asyncio.sleep(0)
+    caller.cancel()
+    await store.close()
+    reopened = await open_store("reopened")
+    stored = await reopened.get(tenant, begun.id)
+    assert stored is not None and stored.status == "completed"

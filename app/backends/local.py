@@ -14,6 +14,11 @@ Threads and cancellation, the contract in full:
   chunk and every sampled token. The model lock is released only once the terminal item
   has arrived, i.e. once the worker no longer touches the model.
 * A ``LocalBackend`` belongs to one event loop (its locks and queues do).
+
+Tools: every tool of the request is rendered into the prompt whatever the tool policy
+(``prompting``); the default output parser turns the model's written calls into
+``ToolCallDelta``s and enforces the policy, and a grammar forces a call when one is
+required (``toolcalls``).
 """
 
 from __future__ import annotations
@@ -45,13 +50,13 @@ from app.backends.base import (  # noqa: E402
     ModelInfo,
     TextDelta,
     ToolCallDelta,
-    ToolPolicy,
     ToolSpec,
     Usage,
 )
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec  # noqa: E402
-from app.backends.prompting import ChatTemplate, output_grammar, template_tools, unsupported_schema  # noqa: E402
-from app.errors import ContextLengthExceeded, ModelError, ModelNotFound, ORSError  # noqa: E402
+from app.backends.prompting import ChatTemplate, output_grammar, prompt_messages, template_tools  # noqa: E402
+from app.backends.toolcalls import TAG_CLOSE, TAG_OPEN, call_shape, tool_call_grammar, tool_call_parser  # noqa: E402
+from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError  # noqa: E402
 
 PREFILL_CHUNK = 256
 """Prompt tokens evaluated between two checks of the stop event."""
@@ -92,8 +97,10 @@ class _Plan:
     """What one generation needs, prepared on the event loop before the model is touched."""
 
     messages: tuple[ChatMessage, ...]
-    tools: list[dict[str, Any]] | None
+    tools: tuple[ToolSpec, ...]
     grammar: str | None
+    grammar_source: str
+    """The request parameter the grammar was made from, named when llama.cpp rejects it."""
     max_tokens: int | None
     sampling: dict[str, float]
 
@@ -119,10 +126,18 @@ class LocalModel:
         self.template = ChatTemplate(
             template, bos_token=self._special_text(self.llm.token_bos()), eos_token=self._special_text(self.llm.token_eos())
         )
+        self.call_shape = call_shape(spec.template_renders_tools, self._tag_tokens())
 
-    def prompt_tokens(self, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None) -> list[int]:
-        prompt = self.template.render(messages, tools)
-        return self.llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+    def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
+        """The prompt text: the conversation and all ``tools``, whatever the tool policy."""
+        renders_tools = self.spec.template_renders_tools
+        return self.template.render(
+            prompt_messages(messages, tools, template_renders_tools=renders_tools),
+            template_tools(tools) if renders_tools else None,
+        )
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> list[int]:
+        return self.llm.tokenize(self.prompt(messages, tools).encode("utf-8"), add_bos=False, special=True)
 
     def accepts_grammar(self, grammar: str) -> bool:
         """Whether llama.cpp parses ``grammar`` (it would crash the sampler otherwise)."""
@@ -151,7 +166,10 @@ class LocalModel:
         grammar = None
         if plan.grammar is not None:
             if not self.accepts_grammar(plan.grammar):
-                raise unsupported_schema("llama.cpp rejected the grammar made from it")
+                raise InvalidRequest(
+                    "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
+                    param=plan.grammar_source,
+                )
             grammar = LlamaGrammar.from_string(plan.grammar, verbose=False)
         usage = Usage(input_tokens=len(tokens))
         if max_tokens <= 0:
@@ -197,6 +215,13 @@ class LocalModel:
                 return None
             llm.eval(tokens[start : min(start + PREFILL_CHUNK, len(tokens) - 1)])
         return None if stop.is_set() else cached
+
+    def _tag_tokens(self) -> tuple[int, int] | None:
+        """The vocabulary's single tokens for the tool call tags, if it has them."""
+        tokens = [self.llm.tokenize(tag.encode("utf-8"), add_bos=False, special=True) for tag in (TAG_OPEN, TAG_CLOSE)]
+        if all(len(ids) == 1 for ids in tokens):
+            return tokens[0][0], tokens[1][0]
+        return None
 
     def _special_text(self, token: int) -> str:
         if token < 0:
@@ -290,7 +315,7 @@ class LocalBackend(Backend):
         n_ctx: int | None = None,
         preload: Sequence[str] = (),
         models: Sequence[str] | None = None,
-        output_parser: OutputParserFactory = plain_text,
+        output_parser: OutputParserFactory = tool_call_parser,
     ) -> None:
         """Configure; nothing is loaded before ``start()`` or first use.
 
@@ -298,7 +323,7 @@ class LocalBackend(Backend):
         ``n_threads`` defaults to the CPUs this process may run on; ``n_ctx`` overrides each
         model's context window; ``preload`` lists models to load in ``start()``; ``models``
         limits the served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes
-        the parser of each generation's text (default: everything is visible text).
+        the parser of each generation's text (default: ``toolcalls.tool_call_parser``).
         """
         served = list(LOCAL_MODELS) if models is None else list(models)
         unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
@@ -343,16 +368,14 @@ class LocalBackend(Backend):
 
         Tokenizing reads only the vocabulary, so it does not wait for a running generation.
         """
-        slot = self._slot(model)
-        loaded = await self._loaded(slot)
-        rendered_tools = template_tools(tools, ToolPolicy()) if slot.spec.template_renders_tools else None
-        return len(await asyncio.to_thread(loaded.prompt_tokens, tuple(messages), rendered_tools))
+        loaded = await self._loaded(self._slot(model))
+        return len(await asyncio.to_thread(loaded.prompt_tokens, tuple(messages), tuple(tools)))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         slot = self._slot(request.model)
-        plan = self._plan(request, slot.spec)
-        parser = self._output_parser(request, slot.spec)
         loaded = await self._loaded(slot)
+        plan = self._plan(request, loaded)
+        parser = self._output_parser(request, slot.spec)
         async with slot.lock:
             generation = _Generation(
                 f"ors-generate-{slot.spec.id}", lambda stop, emit: loaded.generate(plan, stop, emit)
@@ -380,13 +403,18 @@ class LocalBackend(Backend):
         except KeyError:
             raise ModelNotFound(f"The model '{model}' does not exist", param="model") from None
 
-    def _plan(self, request: GenerationRequest, spec: ModelSpec) -> _Plan:
+    def _plan(self, request: GenerationRequest, model: LocalModel) -> _Plan:
+        """Raises ``InvalidRequest`` for a schema that cannot be made into a grammar."""
         chosen = request.sampling
-        defaults = spec.sampling
+        defaults = model.spec.sampling
+        grammar, source = tool_call_grammar(request.tools, request.tool_policy, model.call_shape), "tools"
+        if grammar is None:
+            grammar, source = output_grammar(request.output_format), "text.format.schema"
         return _Plan(
             messages=request.messages,
-            tools=template_tools(request.tools, request.tool_policy) if spec.template_renders_tools else None,
-            grammar=output_grammar(request.output_format),
+            tools=request.tools,
+            grammar=grammar,
+            grammar_source=source,
             max_tokens=chosen.max_output_tokens,
             sampling={
                 "temp": defaults.temperature if chosen.temperature is None else chosen.temperature,

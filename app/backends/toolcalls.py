@@ -133,7 +133,7 @@ class ToolCallParser:
         block = match(text, start, final) if match else None
         if block is _WAIT:
             return False
-        if isinstance(block, _Block) and self._take(block.body, out):
+        if isinstance(block, _Block) and self._take(block.body, text[:start], out):
             self._buffer = text[block.end :]
             return True
         self._call_may_start = False
@@ -162,7 +162,7 @@ class ToolCallParser:
             self._buffer = text[len(prose) :]
             return False
         assert isinstance(block, _Block)
-        if self._take(block.body, out, before=prose):
+        if self._take(block.body, text[:at], out):
             self._buffer = text[block.end :]
             self._call_may_start = True
         else:
@@ -170,18 +170,23 @@ class ToolCallParser:
             self._buffer = text[block.end :]
         return True
 
-    def _take(self, body: str, out: list[Delta], before: str = "") -> bool:
-        """If ``body`` is a call object, emit (or drop) the call after ``before`` and say so."""
+    def _take(self, body: str, before: str, out: list[Delta]) -> bool:
+        """If ``body`` is a call object: emit ``before`` and the call (or drop it), and say so.
+
+        Whitespace that separates a kept call from the text before it is left out; a
+        dropped call leaves that whitespace in place of itself.
+        """
         call = _call_object(body, self._offered)
         if call is None:
             return False
-        self._emit(before, out)
         name, arguments = call
         reason = self._refusal(name)
         if reason is None:
+            self._emit(before.rstrip(), out)
             out.append(ToolCallDelta(index=self._calls, name=name, arguments=arguments))
             self._calls += 1
         else:
+            self._emit(before, out)
             log.warning("dropped the model's call to %r: %s", name, reason)
         self._after_call = True
         return True

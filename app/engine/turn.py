@@ -163,8 +163,13 @@ class Turn:
         pump = asyncio.create_task(self._pump(queue), name=f"backend-{self.id}")
         try:
             while not builder.finished:
-                for event in self._next_events(await queue.get()):
-                    yield self._emit(event)
+                batch = [self._emit(event) for event in self._next_events(await queue.get())]
+                if builder.finished:
+                    # durable before the client sees the end: a client may fetch or
+                    # continue the response the moment it reads the terminal event
+                    await self._record_end()
+                for emitted in batch:
+                    yield emitted
         finally:
             pump.cancel()
             with anyio.CancelScope(shield=True):

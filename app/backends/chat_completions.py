@@ -263,7 +263,7 @@ class ChatCompletionsBackend(Backend):
         if request.tools:
             # Every tool stays visible (a stable prompt prefix); ``allowed`` is enforced downstream.
             body["tools"] = [_tool(spec) for spec in request.tools]
-            choice = _tool_choice(request.tool_policy)
+            choice = _tool_choice(request.tool_policy, request.tools)
             if choice is not None:
                 body["tool_choice"] = choice
             if not request.tool_policy.parallel:
@@ -326,13 +326,17 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _tool_choice(policy: ToolPolicy) -> str | dict[str, Any] | None:
-    """``None`` for plain ``auto``: every server defaults to it, and some reject it spelled out."""
+def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = ()) -> str | dict[str, Any] | None:
+    """``None`` for plain ``auto``: every server defaults to it, and some reject it spelled out.
+    ``required`` with a single candidate is sent as that named function, which more
+    servers enforce (llama.cpp's server constrains a named call with a grammar but treats
+    ``required`` as a hint)."""
     if policy.mode == "none":
         return "none"
     if policy.mode == "required":
-        if policy.allowed is not None and len(policy.allowed) == 1:
-            return {"type": "function", "function": {"name": policy.allowed[0]}}
+        candidates = policy.allowed if policy.allowed is not None else tuple(tool.name for tool in tools)
+        if len(candidates) == 1:
+            return {"type": "function", "function": {"name": candidates[0]}}
         return "required"
     return None
 

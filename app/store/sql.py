@@ -139,6 +139,7 @@ class SqlResponseStore(ResponseStore):
             await asyncio.wait(list(self._writes))
         liveness, self._liveness = self._liveness, None
         engine, self._engine = self._engine, None
+        self._writer = self._reader = None
         try:
             if liveness is not None:
                 await liveness.close()

@@ -19,7 +19,7 @@ from app.store.sql import SqlResponseStore
 
 POSTGRES_ADMIN_URL = os.environ.get("ORS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 
-OpenStore = Callable[..., Awaitable[SqlResponseStore]]
+NewStore = Callable[..., Awaitable[SqlResponseStore]]
 
 
 @asynccontextmanager
@@ -63,13 +63,13 @@ async def postgres_database_url() -> AsyncIterator[str]:
 
 
 @pytest.fixture()
-async def open_store(database_url: str) -> AsyncIterator[OpenStore]:
+async def new_store(database_url: str) -> AsyncIterator[NewStore]:
     """Opens stores on the test database (a new instance id each unless given), and
     closes those still open at the end."""
     opened: list[SqlResponseStore] = []
 
-    async def open_one(instance_id: str | None = None, url: str | None = None, **options: object) -> SqlResponseStore:
-        store = SqlResponseStore(url or database_url, instance_id or secrets.token_hex(8), **options)  # type: ignore[arg-type]
+    async def open_one(instance_id: str | None = None) -> SqlResponseStore:
+        store = SqlResponseStore(database_url, instance_id or secrets.token_hex(8))
         await store.open()
         opened.append(store)
         return store
@@ -80,8 +80,8 @@ async def open_store(database_url: str) -> AsyncIterator[OpenStore]:
 
 
 @pytest.fixture()
-async def store(open_store: OpenStore) -> SqlResponseStore:
-    return await open_store()
+async def store(new_store: NewStore) -> SqlResponseStore:
+    return await new_store()
 
 
 @pytest.fixture()

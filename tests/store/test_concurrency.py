@@ -7,10 +7,12 @@ import asyncio
 import anyio
 import pytest
 from sqlalchemy import event
-from sqlalchemy.util.concurrency import await_
+from sqlalchemy.util import await_
 
 from app.errors import PreviousResponseNotFound
+from app.store.base import NewResponse
 from app.store.sql import SqlResponseStore
+from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_response, row_count, user_message
 
 pytestmark = pytest.mark.anyio
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.anyio
 async def test_concurrent_begins_and_finishes(store: SqlResponseStore, tenant: str) -> None:
     begun = [new_response(tenant, inputs=[user_message(f"task {n} item {k}") for k in range(3)]) for n in range(60)]
 
-    async def run(one) -> None:
+    async def run(one: NewResponse) -> None:
         await store.begin(one)
         output = [assistant_message(f"answer {one.id}")]
         await store.finish(tenant, one.id, final(one, output), output, events_of(one.id))
@@ -59,7 +61,7 @@ async def test_delete_racing_continuations_never_strands_a_child(store: SqlRespo
         children = [new_response(tenant, previous=parent.id) for _ in range(12)]
         outcomes: dict[str, bool] = {}
 
-        async def continue_from(child) -> None:
+        async def continue_from(child: NewResponse) -> None:
             try:
                 await store.begin(child)
                 outcomes[child.id] = True
@@ -139,14 +141,14 @@ async def test_a_write_survives_its_callers_cancellation(store: SqlResponseStore
     assert await store.events(tenant, begun.id) == events_of(begun.id)
 
 
-async def test_close_waits_for_writes_in_flight(open_store, tenant: str) -> None:
-    store = await open_store("closing")
+async def test_close_waits_for_writes_in_flight(new_store: NewStore, tenant: str) -> None:
+    store = await new_store("closing")
     begun = new_response(tenant)
     await store.begin(begun)
     caller = asyncio.ensure_future(store.finish(tenant, begun.id, final(begun, []), [], events_of(begun.id)))
     await asyncio.sleep(0)
     caller.cancel()
     await store.close()
-    reopened = await open_store("reopened")
+    reopened = await new_store("reopened")
     stored = await reopened.get(tenant, begun.id)
     assert stored is not None and stored.status == "completed"

@@ -15,11 +15,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import app.store.sql as sql_module
-from app.store.engines import sqlite_url
+from app.store.engines import normalize_url, sqlite_url
 from app.store.migrate import head_revision
 from app.store.schema import metadata
 from app.store.sql import SqlResponseStore
-from tests.store.conftest import OpenStore
+from tests.store.conftest import NewStore
 
 pytestmark = pytest.mark.anyio
 
@@ -43,9 +43,9 @@ async def test_migrated_database_is_the_schema(store: SqlResponseStore) -> None:
 
 
 async def test_second_open_is_a_no_op(
-    database_url: str, open_store: OpenStore, monkeypatch: pytest.MonkeyPatch
+    database_url: str, new_store: NewStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = await open_store("first")
+    first = await new_store("first")
     await first.close()
     statements: list[str] = []
     create_engine = sql_module.create_engine
@@ -57,7 +57,7 @@ async def test_second_open_is_a_no_op(
         return engine
 
     monkeypatch.setattr(sql_module, "create_engine", recording_engine)
-    second = await open_store("second")
+    second = await new_store("second")
     writes = [s for s in statements if s.lstrip().upper().startswith(("CREATE", "ALTER", "DROP", "INSERT", "UPDATE"))]
     assert writes == []
     async with second.engine.connect() as connection:
@@ -92,11 +92,21 @@ async def test_sqlite_runs_in_wal_with_full_sync(tmp_path: Path) -> None:
 
 
 def test_urls_are_normalized_and_memory_is_refused() -> None:
-    from app.store.engines import normalize_url
-
     assert normalize_url("postgresql://u@h/db").drivername == "postgresql+asyncpg"
     assert normalize_url("postgres://u@h/db").drivername == "postgresql+asyncpg"
     assert normalize_url("sqlite:///x/ors.db").drivername == "sqlite+aiosqlite"
     for refused in ("sqlite://", "sqlite:///:memory:", "mysql://u@h/db", "postgresql+psycopg://u@h/db"):
         with pytest.raises(ValueError):
             normalize_url(refused)
+
+
+async def test_postgresql_statements_get_custom_plans(postgres_database_url: str) -> None:
+    """Generic plans of the chain's recursive CTE, chosen while the tables are small,
+    scan the whole table at every step; the store's sessions must plan each execution."""
+    store = SqlResponseStore(postgres_database_url, "plans")
+    await store.open()
+    try:
+        async with store.engine.connect() as connection:
+            assert await connection.scalar(text("SHOW plan_cache_mode")) == "force_custom_plan"
+    finally:
+        await store.close()

@@ -11,9 +11,11 @@ import pytest
 from sqlalchemy import text
 
 from app.protocol.responses import ResponseResource
+from app.store.base import StoreConflict
+from app.store.engines import sqlite_url
 from app.store.liveness import StoreInUse, instance_key
 from app.store.sql import RESTARTED_CODE, SqlResponseStore
-from tests.store.conftest import OpenStore
+from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_id, new_response, row_count
 
 pytestmark = pytest.mark.anyio
@@ -30,8 +32,8 @@ def assert_recovered(before: dict, after: dict) -> None:
         k: v for k, v in before.items() if k not in ("status", "error")}
 
 
-async def test_rows_of_a_stopped_instance_become_failed(open_store: OpenStore, tenant: str) -> None:
-    first = await open_store("first-life")
+async def test_rows_of_a_stopped_instance_become_failed(new_store: NewStore, tenant: str) -> None:
+    first = await new_store("first-life")
     running = new_response(tenant)
     queued = new_response(tenant, status="queued", background=True)
     done = new_response(tenant)
@@ -41,7 +43,7 @@ async def test_rows_of_a_stopped_instance_become_failed(open_store: OpenStore, t
     await first.finish(tenant, done.id, final(done, output), output, events_of(done.id))
     await first.close()
 
-    second = await open_store("second-life")
+    second = await new_store("second-life")
     for begun in (running, queued):
         stored = await second.get(tenant, begun.id)
         assert stored is not None and stored.status == "failed"
@@ -51,7 +53,7 @@ async def test_rows_of_a_stopped_instance_become_failed(open_store: OpenStore, t
     stored = await second.get(tenant, done.id)
     assert stored is not None and stored.resource == final(done, output)
     assert await second.recover() == 0
-    with pytest.raises(Exception):  # noqa: B017 - recovered rows are finished
+    with pytest.raises(StoreConflict):  # a recovered response has finished
         await second.finish(tenant, running.id, final(running, []), [], [])
 
 
@@ -64,8 +66,6 @@ async def test_own_running_rows_are_never_recovered(store: SqlResponseStore, ten
 
 
 async def test_sqlite_file_is_one_process_only(tmp_path: Path) -> None:
-    from app.store.engines import sqlite_url
-
     url = sqlite_url(tmp_path / "ors.db")
     first = SqlResponseStore(url, "one")
     await first.open()
@@ -151,7 +151,7 @@ async def _lock_held(watcher: SqlResponseStore, store: SqlResponseStore) -> bool
     return bool(held)
 
 
-async def test_kill_9_before_finish(database_url: str, open_store: OpenStore, tenant: str) -> None:
+async def test_kill_9_before_finish(database_url: str, new_store: NewStore, tenant: str) -> None:
     """A server process killed mid-response: after a restart the response is failed,
     the database is consistent, and what was finished before is intact."""
     finished_id, running_id = new_id("resp"), new_id("resp")
@@ -162,7 +162,7 @@ async def test_kill_9_before_finish(database_url: str, open_store: OpenStore, te
     assert child.returncode == -9, child.stderr.decode()
     assert child.stdout.decode().strip() == "running"
 
-    store = await open_store("after-the-crash")
+    store = await new_store("after-the-crash")
     started = time.monotonic()
     while (stored := await store.get(tenant, running_id)) is not None and stored.status != "failed":
         assert time.monotonic() - started < 10, "the dead instance's lock was never released"

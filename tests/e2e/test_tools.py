@@ -1,0 +1,245 @@
+"""Function tools end to end over HTTP: the tool loop on the default model (which decides
+on its own to call a tool), tool_choice on the embedded backend and on a real upstream,
+and the replay gate refusing a bad replay before any model runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from app.config import Settings
+from app.main import create_app
+from tests.client import Client, output_text
+from tests.conftest import QWEN, SMOL
+from tests.live import LiveServer
+from tests.upstream_server import running_llama_server
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "description": "City name, e.g. Paris"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+SEARCH = {
+    "type": "function",
+    "name": "search_web",
+    "description": "Search the web.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "Get the current time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+RESULT = json.dumps({"temp_c": 18, "condition": "light rain"})
+
+
+def _calls(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return [item for item in response["output"] if item["type"] == "function_call"]
+
+
+# ---------------------------------------------------------------- the tool loop (default model)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_loop_by_previous_response_id(client: Client, stream: bool) -> None:
+    create = client.stream if stream else client.create
+    first = create(model=QWEN, input="What is the weather in Paris right now?", tools=[WEATHER],
+                   max_output_tokens=128)
+    first = first.final if stream else first  # type: ignore[union-attr]
+    calls = _calls(first)  # type: ignore[arg-type]
+    assert len(calls) == 1 and calls[0]["name"] == "get_weather"
+    assert json.loads(calls[0]["arguments"])["city"].lower() == "paris"
+    second = create(model=QWEN, previous_response_id=first["id"], tools=[WEATHER],  # type: ignore[index]
+                    input=[{"type": "function_call_output", "call_id": calls[0]["call_id"], "output": RESULT}],
+                    max_output_tokens=128)
+    second = second.final if stream else second  # type: ignore[union-attr]
+    answer = output_text(second)  # type: ignore[arg-type]
+    assert "18" in answer, answer
+
+
+def test_tool_loop_by_resent_history(client: Client) -> None:
+    question = {"role": "user", "content": "What is the weather in Paris right now?"}
+    first = client.create(model=QWEN, input=[question], tools=[WEATHER], max_output_tokens=128)
+    call = _calls(first)[0]
+    history = [question, call, {"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}]
+    second = client.create(model=QWEN, input=history, tools=[WEATHER], max_output_tokens=128, store=False)
+    assert "18" in output_text(second)
+
+
+def test_openai_sdk_tool_loop(server: LiveServer) -> None:
+    sdk = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    first = sdk.responses.create(model=QWEN, input="What's the weather in Paris?", tools=[WEATHER])  # type: ignore[list-item]
+    call = next(item for item in first.output if item.type == "function_call")
+    second = sdk.responses.create(
+        model=QWEN,
+        previous_response_id=first.id,
+        tools=[WEATHER],  # type: ignore[list-item]
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": RESULT}],
+    )
+    assert "18" in second.output_text
+
+
+def test_openai_agents_run(server: LiveServer) -> None:
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    seen: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        seen.append(city)
+        return RESULT
+
+    async def run() -> str:
+        client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer weather questions with the get_weather tool, then reply in one sentence.",
+            tools=[get_weather],
+            model=OpenAIResponsesModel(model=QWEN, openai_client=client),
+        )
+        result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
+        return str(result.final_output)
+
+    final = asyncio.run(run())
+    assert seen and seen[0].lower() == "paris"
+    assert "18" in final, final
+
+
+# ---------------------------------------------------------------- tool_choice on the embedded backend
+
+
+def test_required_forces_a_valid_call(client: Client) -> None:
+    response = client.create(model=SMOL, input="Hello there!", tools=[WEATHER], tool_choice="required",
+                             max_output_tokens=64)
+    call = _calls(response)[0]
+    arguments = json.loads(call["arguments"])
+    assert call["name"] == "get_weather" and isinstance(arguments["city"], str)
+    assert arguments.get("unit", "celsius") in ("celsius", "fahrenheit")
+
+
+def test_named_choice_calls_that_function(client: Client) -> None:
+    response = client.create(model=SMOL, input="Tell me something.", tools=[WEATHER, SEARCH],
+                             tool_choice={"type": "function", "name": "search_web"}, max_output_tokens=64)
+    assert [call["name"] for call in _calls(response)] == ["search_web"]
+
+
+def test_allowed_tools_is_a_hard_limit(client: Client) -> None:
+    for _ in range(3):
+        response = client.create(
+            model=SMOL, input="What is the weather and the time in Paris?", tools=[WEATHER, SEARCH, TIME],
+            tool_choice={"type": "allowed_tools", "mode": "required",
+                         "tools": [{"type": "function", "name": "get_time"}, {"type": "function", "name": "search_web"}]},
+            max_output_tokens=96, temperature=1.0,
+        )
+        names = {call["name"] for call in _calls(response)}
+        assert names and names <= {"get_time", "search_web"}
+
+
+def test_none_lets_no_call_out(client: Client) -> None:
+    response = client.create(model=QWEN, input="Call get_weather for Paris now.", tools=[WEATHER],
+                             tool_choice="none", max_output_tokens=48)
+    assert not _calls(response)
+
+
+def test_parallel_false_and_max_tool_calls(client: Client) -> None:
+    prompt = "Get the weather in Paris, London and Rome."
+    one = client.create(model=SMOL, input=prompt, tools=[WEATHER], tool_choice="required",
+                        parallel_tool_calls=False, max_output_tokens=128)
+    assert len(_calls(one)) == 1
+    capped = client.create(model=SMOL, input=prompt, tools=[WEATHER], tool_choice="required",
+                           max_tool_calls=2, max_output_tokens=160)
+    assert 1 <= len(_calls(capped)) <= 2
+
+
+# ---------------------------------------------------------------- tool_choice on a real upstream
+
+
+@pytest.fixture(scope="module")
+def upstream_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    with running_llama_server(model_alias="upstream-smollm2") as url:
+        settings = Settings(upstream_url=url, default_model="upstream-smollm2",
+                            data_dir=tmp_path_factory.mktemp("tools-upstream"))
+        server = LiveServer(create_app(settings)).start()
+        client = Client(server.url)
+        yield client
+        client.close()
+        server.stop()
+
+
+def test_upstream_named_choice(upstream_front: Client) -> None:
+    response = upstream_front.create(input="Weather in Paris?", tools=[WEATHER, SEARCH],
+                                     tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64)
+    assert [call["name"] for call in _calls(response)] == ["get_weather"]
+
+
+def test_upstream_allowed_tools_suppresses_other_calls(upstream_front: Client) -> None:
+    response = upstream_front.create(
+        input="Weather in Paris?", tools=[WEATHER, SEARCH],
+        tool_choice={"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "search_web"}]},
+        max_output_tokens=64,
+    )
+    assert all(call["name"] == "search_web" for call in _calls(response))
+
+
+def test_upstream_none(upstream_front: Client) -> None:
+    response = upstream_front.create(input="Weather in Paris?", tools=[WEATHER], tool_choice="none",
+                                     max_output_tokens=32)
+    assert not _calls(response)
+
+
+def test_upstream_required_and_parallel_false(upstream_front: Client) -> None:
+    response = upstream_front.create(input="Weather in Paris and Rome?", tools=[WEATHER], tool_choice="required",
+                                     parallel_tool_calls=False, max_tool_calls=1, max_output_tokens=96)
+    assert len(_calls(response)) == 1
+
+
+# ---------------------------------------------------------------- the gate over HTTP
+
+
+def test_gate_refuses_an_out_of_enum_argument_before_the_model(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]
+    before = len(scripted.requests)
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+            "arguments": json.dumps({"city": "Paris", "unit": "kelvin"}), "status": "completed"}
+    error = client.error({"model": "scripted-text", "tools": [WEATHER], "input": [
+        {"role": "user", "content": "weather?"}, call,
+        {"type": "function_call_output", "call_id": "call_1", "output": RESULT},
+    ]}, 400)
+    assert (error["code"], error["param"]) == ("arguments_schema", "input[2]")
+    assert "kelvin" in error["message"]
+    assert len(scripted.requests) == before  # nothing reached the model
+
+
+def test_gate_refuses_a_chat_completions_envelope(client: Client) -> None:
+    error = client.error({"model": "scripted-text", "input": [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                               "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "x"},
+    ]}, 400)
+    assert error["code"] == "chat_completions_envelope" and "function_call" in error["message"]
+
+
+def test_gate_refuses_an_answer_to_an_unfinished_call(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]
+    response = client.create(model="scripted-length", input="x")  # ends incomplete
+    assert response["status"] == "incomplete"
+    error = client.error({"model": "scripted-text", "previous_response_id": response["id"], "input": [
+        {"type": "function_call_output", "call_id": "call_nothing", "output": "{}"}]}, 400)
+    assert error["code"] == "call_id"

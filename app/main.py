@@ -15,6 +15,7 @@ from app.backends.base import Backend
 from app.config import Settings
 from app.engine.models import ModelRouter
 from app.engine.runs import LiveTurns
+from app.engine.sealing import Sealer
 from app.engine.turn import Engine
 from app.store.factory import open_store
 from app.transport.auth import KeyAuthenticator
@@ -72,6 +73,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _warn_about_exposure(settings)
         drain.bind()
+        app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
         engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex)
         await engine.store.open()
         for backend in chosen:

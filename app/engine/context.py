@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 from app.backends.base import ChatMessage, ToolCall
 from app.protocol.content import (
@@ -23,6 +25,7 @@ from app.protocol.content import (
 )
 from app.protocol.items import (
     AssistantMessageParam,
+    CompactionParam,
     DeveloperMessageParam,
     FunctionCallOutputParam,
     FunctionCallParam,
@@ -30,6 +33,8 @@ from app.protocol.items import (
     SystemMessageParam,
     UserMessageParam,
 )
+
+log = logging.getLogger("ors.context")
 
 MAX_INLINE_FILE_CHARS = 100_000
 _TEXT_MEDIA_PREFIXES = ("text/", "application/json", "application/xml", "application/x-yaml")
@@ -81,16 +86,40 @@ def _parts_text(parts: Iterable[object]) -> str:
     return "\n".join(pieces)
 
 
+def _reasoning_text(item: ReasoningParam, sealed: SealedContent | None) -> str:
+    if item.encrypted_content:
+        opened = sealed.reasoning_text(item.encrypted_content) if sealed is not None else None
+        if opened is not None:
+            return opened
+        log.info("dropped reasoning item %s: its encrypted_content was not sealed by this server", item.id)
+    raw = "\n".join(str(c.get("text", "")) for c in item.content or [] if isinstance(c, dict))
+    return raw or "\n".join(part.text for part in item.summary)
+
+
 def _content_text(content: str | Sequence[object]) -> str:
     return content if isinstance(content, str) else _parts_text(content)
 
 
-def build_messages(instructions: str | None, items: Iterable[object]) -> list[ChatMessage]:
+class SealedContent(Protocol):
+    """Opens content this server sealed earlier (see ``app.engine.sealing``)."""
+
+    def compaction_text(self, encrypted_content: str) -> str:
+        """The text a compaction item stands for; raises ``SealError`` if not ours."""
+
+    def reasoning_text(self, encrypted_content: str) -> str | None:
+        """Reasoning sealed by this server, or ``None`` (another provider's blob)."""
+
+
+def build_messages(
+    instructions: str | None, items: Iterable[object], *, sealed: SealedContent | None = None
+) -> list[ChatMessage]:
     """Turn ``instructions`` and input items (already checked) into chat messages.
 
     Consecutive ``function_call`` items become one assistant message with several tool
     calls, joined to the assistant text right before them; reasoning is attached to the
-    assistant message that follows it.
+    assistant message that follows it. A compaction item becomes a system message with
+    the summary it holds; reasoning whose ``encrypted_content`` this server cannot open
+    is dropped (with a log line), never fatal.
     """
     messages: list[ChatMessage] = []
     if instructions:
@@ -138,10 +167,15 @@ def build_messages(instructions: str | None, items: Iterable[object]) -> list[Ch
                 ChatMessage(role="tool", content=_content_text(item.output), tool_call_id=item.call_id)
             )
         elif isinstance(item, ReasoningParam):
-            text = "\n".join(s.text for s in item.summary)
-            raw = "\n".join(str(c.get("text", "")) for c in item.content or [] if isinstance(c, dict))
-            if raw or text:
-                pending_reasoning.append(raw or text)
+            text = _reasoning_text(item, sealed)
+            if text:
+                pending_reasoning.append(text)
+        elif isinstance(item, CompactionParam):
+            if sealed is None:
+                raise TypeError("compaction items need sealed content to be opened")
+            summary = sealed.compaction_text(item.encrypted_content)
+            if summary:
+                messages.append(ChatMessage(role="system", content=summary))
         else:
             raise TypeError(f"item of type {type(item).__name__} must be resolved before build_messages")
     return messages

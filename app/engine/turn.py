@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +37,14 @@ import anyio
 from app.backends.base import Backend, GenerationRequest, OutputFormat, Sampling, ToolPolicy, ToolSpec
 from app.engine import ids
 from app.engine.builder import ResponseBuilder
+from app.engine.compaction import compaction_context
 from app.engine.context import build_messages
 from app.engine.echo import initial_response
 from app.engine.gate import gate
 from app.engine.history import History, HistorySource
 from app.engine.items import stored_form
 from app.engine.models import ModelRouter
+from app.engine.sealing import Sealer, SealError
 from app.engine.tools import enforce_tool_policy
 from app.engine.truncation import fit_context
 from app.engine.validation import parse_body
@@ -99,6 +101,7 @@ class Turn:
         input_items: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         error_events: bool = True,
+        seal_reasoning: Callable[[str], str] | None = None,
     ) -> None:
         self.body = body
         self.backend = backend
@@ -108,7 +111,7 @@ class Turn:
         self.store = store
         self.input_items = input_items
         self.tools = tools
-        self.builder = ResponseBuilder(initial, error_events=error_events)
+        self.builder = ResponseBuilder(initial, error_events=error_events, seal_reasoning=seal_reasoning)
         self.error: ORSError | None = None
         self.emitted: list[Emitted] = []
         self._grew = asyncio.Event()
@@ -288,9 +291,12 @@ class Turn:
 class Engine:
     """Prepares and runs turns. Transport-agnostic: no HTTP, no WebSocket here."""
 
-    def __init__(self, router: ModelRouter, store: ResponseStore | None = None) -> None:
+    def __init__(
+        self, router: ModelRouter, store: ResponseStore | None = None, sealer: Sealer | None = None
+    ) -> None:
         self.router = router
         self.store = store
+        self.sealer = sealer
 
     async def prepare(
         self,
@@ -326,7 +332,11 @@ class Engine:
                 param="background",
             )
         new_items = _input_items(body)
-        messages = build_messages(body.instructions, [*past.items, *new_items])
+        sealed = _Opener(self.sealer) if self.sealer is not None else None
+        for index, item in enumerate(new_items):
+            if isinstance(item, CompactionParam):
+                _check_compaction(sealed, item, f"input[{index}]")
+        messages = build_messages(body.instructions, [*past.items, *new_items], sealed=sealed)
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         tools = tuple(
@@ -360,6 +370,10 @@ class Engine:
         initial = initial_response(
             body, response_id=ids.response_id(), model=model, status="queued" if body.background else "in_progress"
         )
+        wants_sealed_reasoning = "reasoning.encrypted_content" in (body.include or [])
+        if wants_sealed_reasoning and self.sealer is None:
+            raise InvalidRequest("This server cannot encrypt reasoning.", code="unsupported_include",
+                                 param="include")
         stores = body.store is not False and self.store is not None
         return Turn(
             body=body,
@@ -371,7 +385,40 @@ class Engine:
             input_items=[stored_form(item) for item in new_items],
             tools=[tool.model_dump(mode="json") for tool in initial.tools],
             error_events=error_events,
+            seal_reasoning=_reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
         )
+
+
+class _Opener:
+    """Sealed content as the context builder needs it."""
+
+    def __init__(self, sealer: Sealer) -> None:
+        self.sealer = sealer
+
+    def compaction_text(self, encrypted_content: str) -> str:
+        return compaction_context(self.sealer, encrypted_content)
+
+    def reasoning_text(self, encrypted_content: str) -> str | None:
+        try:
+            text = self.sealer.unseal("reasoning", encrypted_content).get("text")
+        except SealError:
+            return None
+        return text if isinstance(text, str) else None
+
+
+def _check_compaction(sealed: _Opener | None, item: CompactionParam, param: str) -> None:
+    if sealed is None:
+        raise InvalidRequest("This server cannot open compaction items.", code="unsupported_item", param=param)
+    try:
+        sealed.compaction_text(item.encrypted_content)
+    except SealError as error:
+        error.param = param
+        raise
+
+
+def _reasoning_sealer(sealer: Sealer | None) -> Callable[[str], str]:
+    assert sealer is not None
+    return lambda text: sealer.seal("reasoning", {"text": text})
 
 
 def _input_items(body: CreateResponseBody) -> Sequence[object]:
@@ -399,12 +446,6 @@ def _input_items(body: CreateResponseBody) -> Sequence[object]:
             raise InvalidRequest(
                 f"Item '{item.id}' cannot be referenced: item references are not supported; "
                 "send the item itself or continue with previous_response_id.",
-                code="unsupported_item",
-                param=param,
-            )
-        if isinstance(item, CompactionParam):
-            raise InvalidRequest(
-                "Compaction items are not supported by this server yet.",
                 code="unsupported_item",
                 param=param,
             )

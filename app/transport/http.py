@@ -236,8 +236,10 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
 
 
 def install_routes(app: FastAPI) -> None:
+    from app.transport.compact import router as compact_router
     from app.transport.websocket import router as websocket_router
 
     app.include_router(router)
+    app.include_router(compact_router)
     app.include_router(websocket_router)
 

@@ -60,3 +60,28 @@ def test_errors_become_sdk_exceptions(sdk: OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         sdk.responses.create(model=SMOL, input="x", temperature=5)
     assert bad.value.param == "temperature"
+
+
+def test_lifecycle_endpoints(sdk: OpenAI) -> None:
+    created = sdk.responses.create(model="scripted-text", input=[
+        {"role": "user", "content": "first"}, {"role": "user", "content": "second"}])
+    fetched = sdk.responses.retrieve(created.id)
+    assert fetched.id == created.id and fetched.output_text == created.output_text == "Hello, world."
+    items = sdk.responses.input_items.list(created.id, order="asc")
+    texts = [item.content[0].text for item in items.data]  # type: ignore[union-attr]
+    assert texts == ["first", "second"]
+    page = sdk.responses.input_items.list(created.id, limit=1, order="asc")
+    assert page.has_more and len(page.data) == 1
+    every = [item.id for item in sdk.responses.input_items.list(created.id, limit=1, order="asc")]
+    assert every == [item.id for item in items.data]  # the SDK's auto-pagination follows `after`
+    sdk.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+
+
+def test_background_cancel_with_the_sdk(sdk: OpenAI) -> None:
+    queued = sdk.responses.create(model="scripted-slow", input="x", background=True)
+    assert queued.status in ("queued", "in_progress")
+    cancelled = sdk.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert sdk.responses.retrieve(queued.id).status == "cancelled"

@@ -1,0 +1,34 @@
+"""``POST /v1/responses/compact``: the compacted window of a conversation, as JSON.
+
+Authenticated and tenant-scoped like every route. The body is parsed with the same
+parser as ``/v1/responses`` (a missing ``model`` is 400 ``invalid_request`` with
+``param: "model"``). Nothing is stored and no response id is created.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.engine.compaction import compact_request
+from app.engine.sealing import Sealer
+from app.engine.validation import decode_json, parse_body
+from app.protocol.compaction import CompactBody
+from app.transport.http import EngineDep, TenantDep, history_for
+
+router = APIRouter()
+
+
+def _sealer(request: Request) -> Sealer:
+    return request.app.state.sealer  # type: ignore[no-any-return]
+
+
+@router.post("/v1/responses/compact")
+async def compact_response(request: Request, engine: EngineDep, tenant: TenantDep) -> Response:
+    """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
+    window to start a new chain from."""
+    body = parse_body(CompactBody, decode_json(await request.body()))
+    resource = await compact_request(
+        body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)
+    )
+    return Response(resource.model_dump_json(), media_type="application/json")

@@ -45,6 +45,7 @@ from app.engine.history import History, HistorySource
 from app.engine.items import stored_form
 from app.engine.models import ModelRouter
 from app.engine.sealing import Sealer, SealError
+from app.engine.output_format import enforce_output_format
 from app.engine.tools import enforce_tool_policy
 from app.engine.truncation import fit_context
 from app.engine.validation import parse_body
@@ -206,7 +207,9 @@ class Turn:
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         """Move the backend's deltas into the queue; owns (and always closes) the stream."""
-        stream = enforce_tool_policy(self.backend.stream(self.request), self.request)
+        stream = enforce_output_format(
+            enforce_tool_policy(self.backend.stream(self.request), self.request), self.request
+        )
         try:
             async for delta in stream:
                 await queue.put(delta)

@@ -16,6 +16,9 @@ STATELESS_HTTP_CHECKS = {
     "system-prompt",
     "image-input",
     "multi-turn",
+    "tool-calling",
+    "compact-response",
+    "compact-missing-model",
 }
 
 

@@ -351,3 +351,39 @@ def test_server_answers_while_a_model_generates(client: Client, server: LiveServ
         time.sleep(0.05)
     worker.join()
     assert latencies and max(latencies) < 1.0, latencies
+
+
+# ---------------------------------------------------------------- structured output
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_output_matches_the_schema(client: Client) -> None:
+    import jsonschema
+
+    response = client.create(
+        model=SMOL, input="Invent a person.", max_output_tokens=64,
+        text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}},
+    )
+    assert response["text"]["format"] == {"type": "json_schema", "name": "person", "description": None,
+                                          "schema": PERSON, "strict": True}
+    jsonschema.validate(json.loads(output_text(response)), PERSON)
+
+
+def test_json_object_output_parses(client: Client) -> None:
+    response = client.create(model=SMOL, input="Reply with a JSON object whose key ok is true.",
+                             max_output_tokens=256, temperature=0, text={"format": {"type": "json_object"}})
+    assert response["status"] == "completed"
+    assert response["text"]["format"] == {"type": "json_object"}
+    assert isinstance(json.loads(output_text(response)), dict)
+
+
+def test_strict_schema_mismatch_fails_the_response(client: Client) -> None:
+    error = client.error({"model": "scripted-text", "input": "x", "text": {"format": {
+        "type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}}, 500)
+    assert (error["type"], error["code"]) == ("model_error", "output_schema_mismatch")

@@ -245,3 +245,32 @@ def test_auth_on_the_upgrade(tmp_path: Path) -> None:
         allowed.close()
     finally:
         server.stop()
+
+
+def test_compacted_window_starts_a_new_chain(url: str, ws_server: tuple[LiveServer, ScriptedBackend]) -> None:
+    import httpx
+
+    from compliance import check_compact
+
+    server, scripted = ws_server
+    conversation = [
+        {"role": "user", "content": "My code word is PELICAN."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    reply = httpx.post(f"{server.url}/v1/responses/compact", json={"model": "scripted-text", "input": conversation},
+                       timeout=30)
+    assert reply.status_code == 200, reply.text
+    window = check_compact(reply.json())["output"]
+    assert [item["type"] for item in window].count("compaction") == 1
+    sock = Socket(url)
+    sock.send(model="scripted-text", store=False, input=[*window, {"role": "user", "content": "Go on."}])
+    _, final = sock.turn()
+    sock.close()
+    assert final["status"] == "completed"
+    seen = [(m.role, m.content) for m in scripted.requests[-1].messages]
+    assert seen[0][0] == "system" and seen[0][1].startswith("Summary of the earlier conversation")
+    assert "Hello, world." in seen[0][1]  # the scripted model's summary, decrypted
+    assert seen[-1] == ("user", "Go on.")

@@ -3,10 +3,9 @@
 Ollama, vLLM, llama.cpp's server, llama-cpp-python's server, LM Studio and OpenAI all speak
 ``POST {base_url}/chat/completions`` with ``stream: true``. This module maps a
 :class:`GenerationRequest` onto that request, decodes the upstream's Server-Sent Events into
-the normalized deltas of :mod:`app.backends.base`, and translates every upstream failure into
-:mod:`app.errors` at one boundary (:func:`upstream_errors` for transport failures,
-:func:`error_for_status` for HTTP answers, :func:`error_in_stream` for error objects that
-arrive inside a stream).
+the normalized deltas of :mod:`app.backends.base` (with :mod:`app.backends.chat_stream`), and
+translates every upstream failure into :mod:`app.errors` at one boundary,
+:mod:`app.backends.chat_errors`.
 
 Error codes raised here:
 
@@ -40,14 +39,10 @@ DeepSeek-style APIs reject it in some versions and require it in others).
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import json
 import logging
-import re
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -56,26 +51,15 @@ from app.backends.base import (
     Backend,
     ChatMessage,
     Delta,
-    Finish,
-    FinishReason,
     GenerationRequest,
     ModelInfo,
     OutputFormat,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallDelta,
     ToolPolicy,
     ToolSpec,
-    Usage,
 )
-from app.errors import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    ModelError,
-    ModelNotFound,
-    ORSError,
-    TooManyRequests,
-)
+from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
+from app.backends.chat_stream import ChunkDecoder, sse_events
+from app.errors import ModelError, ORSError
 
 logger = logging.getLogger(__name__)
 
@@ -85,22 +69,9 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20,
 """Idle connections are dropped before the 5 s keep-alive timeout of uvicorn- and Node-based servers."""
 MODEL_LIST_TTL = 30.0
 """Seconds a fetched upstream model list is reused."""
-ERROR_BODY_LIMIT = 64 * 1024
-ERROR_MESSAGE_LIMIT = 500
 
 TokenLimitField = Literal["max_tokens", "max_completion_tokens"]
 SchemaStyle = Literal["json_schema", "json_object_schema"]
-
-_FINISH_REASONS: dict[str, FinishReason] = {
-    "stop": "stop",
-    "length": "length",
-    "tool_calls": "tool_calls",
-    "function_call": "tool_calls",
-    "content_filter": "content_filter",
-}
-_CONTEXT_OVERFLOW = re.compile(r"context (length|window)|maximum context|context size|too many tokens", re.I)
-_MODEL_MISSING = re.compile(r"model", re.I)
-_SSE_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class ChatCompletionsBackend(Backend):
@@ -235,11 +206,11 @@ class ChatCompletionsBackend(Backend):
         with upstream_errors(url):
             async with self._http().stream("POST", url, json=payload, headers=self._stream_headers()) as response:
                 if not 200 <= response.status_code < 300:
-                    body = await _read_capped(response, ERROR_BODY_LIMIT)
+                    body = await read_capped(response, ERROR_BODY_LIMIT)
                     raise error_for_status(response.status_code, body, model=model, url=url)
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # A server that ignored ``stream: true`` and sent one whole completion.
-                    for delta in decoder.feed_whole(await _read_capped(response, None)):
+                    for delta in decoder.feed_whole(await read_capped(response, None)):
                         yield delta
                     return
                 async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
@@ -341,259 +312,6 @@ def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = ()) -> str | di
     return None
 
 
-# -- stream decoding -------------------------------------------------------------------------
-
-
-class SSEParser:
-    """Incremental Server-Sent Events parser: text in, ``(event, data)`` pairs out.
-
-    Follows the SSE grammar: lines end in CRLF, LF or CR only (unlike ``str.splitlines``,
-    which would also split inside JSON carrying U+2028 or U+0085); ``:`` lines are comments
-    (keep-alives); several ``data:`` lines join with ``\\n``; a blank line dispatches. Two
-    departures: an ``error: {...}`` line (llama.cpp's server) dispatches as event ``error``,
-    and data still pending when the stream ends is dispatched rather than dropped, so a
-    truncated last line surfaces as a decoding error instead of vanishing.
-    """
-
-    def __init__(self) -> None:
-        self._partial: list[str] = []
-        self._held_cr = False
-        self._event = ""
-        self._data: list[str] = []
-
-    def feed(self, text: str, *, final: bool = False) -> list[tuple[str, str]]:
-        if self._held_cr:
-            text, self._held_cr = "\r" + text, False
-        if text.endswith("\r") and not final:
-            text, self._held_cr = text[:-1], True  # may be the first half of a CRLF
-        lines = _SSE_LINE_BREAK.split(text)
-        if len(lines) > 1:
-            lines[0] = "".join(self._partial) + lines[0]
-            self._partial = []
-        self._partial.append(lines.pop())
-        if final:
-            lines.append("".join(self._partial))
-            self._partial = []
-        events = [event for line in lines if (event := self._line(line)) is not None]
-        if final and self._data:
-            events.append(self._dispatch())
-        return events
-
-    def _line(self, line: str) -> tuple[str, str] | None:
-        if not line:
-            if self._data:
-                return self._dispatch()
-            self._event = ""
-            return None
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "error":
-            return "error", value
-        return None
-
-    def _dispatch(self) -> tuple[str, str]:
-        event = (self._event or "message", "\n".join(self._data))
-        self._event, self._data = "", []
-        return event
-
-
-async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
-    """``(event, data)`` pairs from an SSE byte stream, decoded as UTF-8 as SSE requires."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    parser = SSEParser()
-    async for chunk in chunks:
-        for event in parser.feed(decoder.decode(chunk)):
-            yield event
-    for event in parser.feed(decoder.decode(b"", final=True), final=True):
-        yield event
-
-
-@dataclass(slots=True)
-class _ToolCallState:
-    index: int
-    upstream_id: str | None
-    name: str | None = None
-    announced: bool = False
-    held_arguments: list[str] = field(default_factory=list)
-
-
-class ChunkDecoder:
-    """Turns Chat Completions chunks (``delta``) or a whole completion (``message``) into deltas.
-
-    Only choice 0 is read. Reasoning arrives as ``reasoning_content`` or ``reasoning``; when a
-    server sends both in one delta they carry the same text, so only one is used.
-
-    Tool calls are told apart by the upstream's ``index``; a delta on a known index that
-    carries a ``name`` together with a different ``id``, or a different ``name``, starts a new
-    call (servers that reuse index 0 for every call), and a delta without ``index`` continues
-    the call its ``id`` names, or else the latest call. Calls are renumbered 0, 1, ... in
-    order of appearance. A repeated ``name`` on later deltas (llama-cpp-python) is ignored.
-    Argument text that arrives before the name is held back, so the first ``ToolCallDelta``
-    of every call carries name and ``call_id``; arguments sent as a JSON object (not a
-    string) are serialized.
-    """
-
-    def __init__(self) -> None:
-        self.finish_reason: FinishReason | None = None
-        self.usage: Usage | None = None
-        self.done = False
-        self.received = False
-        self._calls: list[_ToolCallState] = []
-        self._by_index: dict[int, _ToolCallState] = {}
-
-    def feed_event(self, event: str, data: str) -> list[Delta]:
-        """One SSE event: a chunk, ``[DONE]`` (sets :attr:`done`) or an error (raised)."""
-        self.received = True
-        if event == "error":
-            raise error_in_stream(_json_or_text(data))
-        if data == "[DONE]":
-            self.done = True
-            return []
-        if not data:
-            return []
-        chunk = _json_object(data.encode())
-        if chunk.get("error"):
-            raise error_in_stream(chunk["error"])
-        return self.feed(chunk)
-
-    def feed_whole(self, body: bytes) -> list[Delta]:
-        """A non-streamed completion (or error object) sent as one JSON body."""
-        self.received = True
-        whole = _json_object(body)
-        if whole.get("error"):
-            raise error_in_stream(whole["error"])
-        deltas = self.feed(whole)
-        self.done = True
-        return deltas
-
-    def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = _usage(usage)
-        deltas: list[Delta] = []
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index") not in (0, None):
-                continue
-            whole = "message" in choice and "delta" not in choice
-            delta = choice.get("message" if whole else "delta") or {}
-            if isinstance(delta, dict):
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                if isinstance(reasoning, str) and reasoning:
-                    deltas.append(ReasoningDelta(reasoning))
-                for key in ("content", "refusal"):
-                    text = _text(delta.get(key))
-                    if text:
-                        deltas.append(TextDelta(text))
-                for position, call in enumerate(delta.get("tool_calls") or ()):
-                    if isinstance(call, dict):
-                        deltas.extend(self._tool_call(call, position if whole else None))
-            reason = choice.get("finish_reason")
-            if isinstance(reason, str) and reason:
-                self.finish_reason = _FINISH_REASONS.get(reason, "stop")
-        return deltas
-
-    def finish(self) -> Finish:
-        """The terminal delta. A ``stop`` after tool calls is reported as ``tool_calls``.
-
-        Raises ``ModelError`` if the stream ended with neither ``[DONE]`` nor a finish reason
-        (a cut connection must not pass for a complete answer), or with a nameless tool call.
-        """
-        if not self.done and self.finish_reason is None:
-            raise ModelError(
-                "The upstream model server ended the stream before the model finished.",
-                code="upstream_disconnected",
-            )
-        if any(not call.announced for call in self._calls):
-            raise ModelError("The upstream sent a tool call without a function name.", code="upstream_error")
-        reason = self.finish_reason or "stop"
-        if reason == "stop" and self._calls:
-            reason = "tool_calls"
-        return Finish(reason=reason, usage=self.usage)
-
-    def _tool_call(self, call: Mapping[str, Any], default_index: int | None) -> list[Delta]:
-        function = call.get("function") if isinstance(call.get("function"), dict) else {}
-        call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
-        name = function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
-        arguments = function.get("arguments")
-        if arguments is None:
-            arguments = ""
-        elif not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        index = call.get("index") if isinstance(call.get("index"), int) else default_index
-        state = self._locate(index, call_id, name)
-        if state.name is None and name is not None:
-            state.name = name
-        if state.upstream_id is None and call_id is not None and not state.announced:
-            state.upstream_id = call_id
-        if not state.announced:
-            if state.name is None:
-                state.held_arguments.append(arguments)
-                return []
-            state.announced = True
-            text = "".join(state.held_arguments) + arguments
-            state.held_arguments.clear()
-            return [ToolCallDelta(index=state.index, name=state.name, arguments=text, call_id=state.upstream_id)]
-        return [ToolCallDelta(index=state.index, arguments=arguments)] if arguments else []
-
-    def _locate(self, index: int | None, call_id: str | None, name: str | None) -> _ToolCallState:
-        if index is not None:
-            known = self._by_index.get(index)
-            if known is not None and not (name is not None and self._starts_another_call(known, call_id, name)):
-                return known
-            state = self._new_call(call_id)
-            self._by_index[index] = state
-            return state
-        if call_id is not None:
-            for known in self._calls:
-                if known.upstream_id == call_id:
-                    return known
-            return self._new_call(call_id)
-        return self._calls[-1] if self._calls else self._new_call(None)
-
-    @staticmethod
-    def _starts_another_call(known: _ToolCallState, call_id: str | None, name: str) -> bool:
-        other_id = call_id is not None and known.upstream_id not in (None, call_id)
-        other_name = known.name is not None and known.name != name
-        return other_id or other_name
-
-    def _new_call(self, call_id: str | None) -> _ToolCallState:
-        state = _ToolCallState(index=len(self._calls), upstream_id=call_id)
-        self._calls.append(state)
-        return state
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):  # content parts
-        texts = (part.get("text") for part in value if isinstance(part, dict))
-        return "".join(text for text in texts if isinstance(text, str))
-    return ""
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _usage(raw: Mapping[str, Any]) -> Usage:
-    prompt_details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
-    output_details = (
-        raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
-    )
-    return Usage(
-        input_tokens=_count(raw.get("prompt_tokens")),
-        output_tokens=_count(raw.get("completion_tokens")),
-        cached_tokens=_count(prompt_details.get("cached_tokens")),
-        reasoning_tokens=_count(output_details.get("reasoning_tokens")),
-    )
-
-
 def _model_infos(listing: Any, owned_by: str) -> list[ModelInfo]:
     entries = listing.get("data") if isinstance(listing, dict) else None
     if not isinstance(entries, list):
@@ -610,108 +328,3 @@ def _model_infos(listing: Any, owned_by: str) -> list[ModelInfo]:
                 )
             )
     return infos
-
-
-# -- error translation: the one boundary -------------------------------------------------------
-
-
-@contextlib.contextmanager
-def upstream_errors(url: str) -> Iterator[None]:
-    """Translate httpx's transport failures into ``ModelError``; log the upstream's address."""
-    try:
-        yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        logger.warning("cannot reach the upstream at %s: %r", url, exc)
-        raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
-    except httpx.TimeoutException as exc:
-        logger.warning("the upstream at %s timed out: %r", url, exc)
-        raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError) as exc:
-        logger.warning("the connection to the upstream at %s broke: %r", url, exc)
-        raise ModelError(
-            "The connection to the upstream model server broke before the model finished.",
-            code="upstream_disconnected",
-        ) from exc
-    except httpx.HTTPError as exc:
-        logger.warning("request to the upstream at %s failed: %r", url, exc)
-        raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
-
-
-def error_for_status(status: int, body: bytes, *, model: str, url: str) -> ORSError:
-    """The taxonomy error for an upstream HTTP answer that is not a success.
-
-    The upstream's own message reaches the client only where it describes the client's
-    request (4xx other than 401/403/429). Otherwise it is logged, not forwarded: auth and
-    rate-limit messages can name this server's key or account, and 5xx bodies can carry the
-    upstream's tracebacks (llama-cpp-python's server even answers invalid requests with 500).
-    """
-    message, code = _error_detail(_json_or_text(body.decode("utf-8", errors="replace")))
-    detail = message or f"HTTP {status}"
-    logger.warning("the upstream at %s answered HTTP %s: %s", url, status, detail)
-    if status in (401, 403):
-        return ModelError(
-            f"The upstream model server refused this server's credentials (HTTP {status}).", code="upstream_auth"
-        )
-    if status == 429:
-        return TooManyRequests("The upstream model server is rate limiting requests.", code="upstream_rate_limited")
-    if code == "model_not_found" or (status == 404 and _MODEL_MISSING.search(detail)):
-        return ModelNotFound(f"The model {model!r} does not exist upstream: {detail}", param="model")
-    if status in (400, 413, 422) and (code == "context_length_exceeded" or _CONTEXT_OVERFLOW.search(detail)):
-        return ContextLengthExceeded(f"The upstream model server rejected the input: {detail}")
-    if status in (408, 504):
-        return ModelError(f"The upstream model server timed out (HTTP {status}).", code="upstream_timeout")
-    if status == 503:
-        return ModelError("The upstream model server is unavailable (HTTP 503).", code="upstream_unavailable")
-    if 400 <= status < 500 and status != 404:
-        return InvalidRequest(f"The upstream model server rejected the request: {detail}", code="upstream_rejected")
-    return ModelError(f"The upstream model server failed (HTTP {status}).", code="upstream_error")
-
-
-def error_in_stream(error: Any) -> ModelError:
-    """The taxonomy error for an error object the upstream sent instead of (more) chunks."""
-    message, _ = _error_detail({"error": error})
-    return ModelError(f"The upstream model server failed: {message or 'unknown error'}", code="upstream_error")
-
-
-def _error_detail(body: Any) -> tuple[str, str | None]:
-    """``(message, code)`` from the error shapes servers use: OpenAI's ``{"error": {...}}``,
-    ``{"error": "text"}``, FastAPI's ``{"detail": ...}``, ``{"message": ...}`` or plain text."""
-    if isinstance(body, dict) and "error" in body:
-        body = body["error"]
-    code = None
-    if isinstance(body, dict):
-        code = body.get("code") if isinstance(body.get("code"), str) else None
-        body = body.get("message") or body.get("detail") or body.get("msg") or json.dumps(body)
-    if isinstance(body, list):
-        body = "; ".join(str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in body)
-    text = str(body).strip() if body is not None else ""
-    if len(text) > ERROR_MESSAGE_LIMIT:
-        text = text[:ERROR_MESSAGE_LIMIT] + "…"
-    return text, code
-
-
-def _json_or_text(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        snippet = raw[:200].decode("utf-8", errors="replace")
-        raise ModelError(f"The upstream model server sent a malformed chunk: {snippet!r}", code="upstream_error")
-    return value
-
-
-async def _read_capped(response: httpx.Response, limit: int | None) -> bytes:
-    body = bytearray()
-    async for piece in response.aiter_bytes():
-        body += piece
-        if limit is not None and len(body) >= limit:
-            break
-    return bytes(body)

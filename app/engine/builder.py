@@ -208,19 +208,33 @@ class ResponseBuilder:
         raise TypeError(f"not a delta: {delta!r}")
 
     def _text(self, text: str) -> list[StreamEvent]:
+        return self._stream_text("message", self._open_message, OutputTextDelta, text)
+
+    def _reasoning(self, text: str) -> list[StreamEvent]:
+        return self._stream_text("reasoning", self._open_reasoning, ReasoningDeltaEvent, text)
+
+    def _stream_text(
+        self,
+        kind: str,
+        open_item: Callable[[], list[StreamEvent]],
+        delta_event: type[OutputTextDelta] | type[ReasoningDeltaEvent],
+        text: str,
+    ) -> list[StreamEvent]:
+        """Append ``text`` to the open item of ``kind`` (its content part 0), opening one
+        first (and closing any other) when needed."""
         self._require_running()
         events: list[StreamEvent] = []
         item = self._open
-        if item is None or item.kind != "message":
+        if item is None or item.kind != kind:
             events += self._close_open("completed")
-            events += self._open_message()
+            events += open_item()
             item = self._open
             assert item is not None
         if text:
             item.chunks.append(text)
             events.append(
                 self._number(
-                    OutputTextDelta(
+                    delta_event(
                         sequence_number=0,
                         item_id=item.item_id,
                         output_index=item.output_index,
@@ -253,30 +267,6 @@ class ResponseBuilder:
                         item_id=item.item_id,
                         output_index=item.output_index,
                         delta=delta.arguments,
-                    )
-                )
-            )
-        return events
-
-    def _reasoning(self, text: str) -> list[StreamEvent]:
-        self._require_running()
-        events: list[StreamEvent] = []
-        item = self._open
-        if item is None or item.kind != "reasoning":
-            events += self._close_open("completed")
-            events += self._open_reasoning()
-            item = self._open
-            assert item is not None
-        if text:
-            item.chunks.append(text)
-            events.append(
-                self._number(
-                    ReasoningDeltaEvent(
-                        sequence_number=0,
-                        item_id=item.item_id,
-                        output_index=item.output_index,
-                        content_index=0,
-                        delta=text,
                     )
                 )
             )

@@ -34,7 +34,8 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.chat_completions import ChatCompletionsBackend, SSEParser
+from app.backends.chat_completions import ChatCompletionsBackend
+from app.backends.chat_stream import SSEParser
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError, TooManyRequests
 from tests.upstream_server import (
     CUT,

@@ -1,0 +1,139 @@
+"""Upstream failures translated into the server's error taxonomy: the one boundary.
+
+:func:`upstream_errors` for transport failures (connect, timeout, cut connection),
+:func:`error_for_status` for HTTP answers, :func:`error_in_stream` for error objects that
+arrive inside a stream. An upstream's own message reaches the client only where it
+describes the client's request (400/404/413/422); otherwise it is logged, since it can
+reveal keys, account ids or tracebacks. The upstream's address never appears in what
+the client sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from app.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelError,
+    ModelNotFound,
+    ORSError,
+    TooManyRequests,
+)
+
+logger = logging.getLogger(__name__)
+
+ERROR_BODY_LIMIT = 64 * 1024
+ERROR_MESSAGE_LIMIT = 500
+_CONTEXT_OVERFLOW = re.compile(r"context (length|window)|maximum context|context size|too many tokens", re.I)
+_MODEL_MISSING = re.compile(r"model", re.I)
+
+
+
+@contextlib.contextmanager
+def upstream_errors(url: str) -> Iterator[None]:
+    """Translate httpx's transport failures into ``ModelError``; log the upstream's address."""
+    try:
+        yield
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        logger.warning("cannot reach the upstream at %s: %r", url, exc)
+        raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
+    except httpx.TimeoutException as exc:
+        logger.warning("the upstream at %s timed out: %r", url, exc)
+        raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError) as exc:
+        logger.warning("the connection to the upstream at %s broke: %r", url, exc)
+        raise ModelError(
+            "The connection to the upstream model server broke before the model finished.",
+            code="upstream_disconnected",
+        ) from exc
+    except httpx.HTTPError as exc:
+        logger.warning("request to the upstream at %s failed: %r", url, exc)
+        raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
+
+
+def error_for_status(status: int, body: bytes, *, model: str, url: str) -> ORSError:
+    """The taxonomy error for an upstream HTTP answer that is not a success.
+
+    The upstream's own message reaches the client only where it describes the client's
+    request (4xx other than 401/403/429). Otherwise it is logged, not forwarded: auth and
+    rate-limit messages can name this server's key or account, and 5xx bodies can carry the
+    upstream's tracebacks (llama-cpp-python's server even answers invalid requests with 500).
+    """
+    message, code = _error_detail(json_or_text(body.decode("utf-8", errors="replace")))
+    detail = message or f"HTTP {status}"
+    logger.warning("the upstream at %s answered HTTP %s: %s", url, status, detail)
+    if status in (401, 403):
+        return ModelError(
+            f"The upstream model server refused this server's credentials (HTTP {status}).", code="upstream_auth"
+        )
+    if status == 429:
+        return TooManyRequests("The upstream model server is rate limiting requests.", code="upstream_rate_limited")
+    if code == "model_not_found" or (status == 404 and _MODEL_MISSING.search(detail)):
+        return ModelNotFound(f"The model {model!r} does not exist upstream: {detail}", param="model")
+    if status in (400, 413, 422) and (code == "context_length_exceeded" or _CONTEXT_OVERFLOW.search(detail)):
+        return ContextLengthExceeded(f"The upstream model server rejected the input: {detail}")
+    if status in (408, 504):
+        return ModelError(f"The upstream model server timed out (HTTP {status}).", code="upstream_timeout")
+    if status == 503:
+        return ModelError("The upstream model server is unavailable (HTTP 503).", code="upstream_unavailable")
+    if 400 <= status < 500 and status != 404:
+        return InvalidRequest(f"The upstream model server rejected the request: {detail}", code="upstream_rejected")
+    return ModelError(f"The upstream model server failed (HTTP {status}).", code="upstream_error")
+
+
+def error_in_stream(error: Any) -> ModelError:
+    """The taxonomy error for an error object the upstream sent instead of (more) chunks."""
+    message, _ = _error_detail({"error": error})
+    return ModelError(f"The upstream model server failed: {message or 'unknown error'}", code="upstream_error")
+
+
+def _error_detail(body: Any) -> tuple[str, str | None]:
+    """``(message, code)`` from the error shapes servers use: OpenAI's ``{"error": {...}}``,
+    ``{"error": "text"}``, FastAPI's ``{"detail": ...}``, ``{"message": ...}`` or plain text."""
+    if isinstance(body, dict) and "error" in body:
+        body = body["error"]
+    code = None
+    if isinstance(body, dict):
+        code = body.get("code") if isinstance(body.get("code"), str) else None
+        body = body.get("message") or body.get("detail") or body.get("msg") or json.dumps(body)
+    if isinstance(body, list):
+        body = "; ".join(str(item.get("msg", item)) if isinstance(item, dict) else str(item) for item in body)
+    text = str(body).strip() if body is not None else ""
+    if len(text) > ERROR_MESSAGE_LIMIT:
+        text = text[:ERROR_MESSAGE_LIMIT] + "…"
+    return text, code
+
+
+def json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        snippet = raw[:200].decode("utf-8", errors="replace")
+        raise ModelError(f"The upstream model server sent a malformed chunk: {snippet!r}", code="upstream_error")
+    return value
+
+
+async def read_capped(response: httpx.Response, limit: int | None) -> bytes:
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if limit is not None and len(body) >= limit:
+            break
+    return bytes(body)

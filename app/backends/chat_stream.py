@@ -1,0 +1,274 @@
+"""Decoding an OpenAI-compatible Chat Completions stream into normalized deltas."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.backends.base import Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from app.backends.chat_errors import error_in_stream, json_object, json_or_text
+from app.errors import ModelError
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "content_filter": "content_filter",
+}
+_SSE_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+
+
+
+class SSEParser:
+    """Incremental Server-Sent Events parser: text in, ``(event, data)`` pairs out.
+
+    Follows the SSE grammar: lines end in CRLF, LF or CR only (unlike ``str.splitlines``,
+    which would also split inside JSON carrying U+2028 or U+0085); ``:`` lines are comments
+    (keep-alives); several ``data:`` lines join with ``\\n``; a blank line dispatches. Two
+    departures: an ``error: {...}`` line (llama.cpp's server) dispatches as event ``error``,
+    and data still pending when the stream ends is dispatched rather than dropped, so a
+    truncated last line surfaces as a decoding error instead of vanishing.
+    """
+
+    def __init__(self) -> None:
+        self._partial: list[str] = []
+        self._held_cr = False
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, text: str, *, final: bool = False) -> list[tuple[str, str]]:
+        if self._held_cr:
+            text, self._held_cr = "\r" + text, False
+        if text.endswith("\r") and not final:
+            text, self._held_cr = text[:-1], True  # may be the first half of a CRLF
+        lines = _SSE_LINE_BREAK.split(text)
+        if len(lines) > 1:
+            lines[0] = "".join(self._partial) + lines[0]
+            self._partial = []
+        self._partial.append(lines.pop())
+        if final:
+            lines.append("".join(self._partial))
+            self._partial = []
+        events = [event for line in lines if (event := self._line(line)) is not None]
+        if final and self._data:
+            events.append(self._dispatch())
+        return events
+
+    def _line(self, line: str) -> tuple[str, str] | None:
+        if not line:
+            if self._data:
+                return self._dispatch()
+            self._event = ""
+            return None
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "error":
+            return "error", value
+        return None
+
+    def _dispatch(self) -> tuple[str, str]:
+        event = (self._event or "message", "\n".join(self._data))
+        self._event, self._data = "", []
+        return event
+
+
+async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
+    """``(event, data)`` pairs from an SSE byte stream, decoded as UTF-8 as SSE requires."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    parser = SSEParser()
+    async for chunk in chunks:
+        for event in parser.feed(decoder.decode(chunk)):
+            yield event
+    for event in parser.feed(decoder.decode(b"", final=True), final=True):
+        yield event
+
+
+@dataclass(slots=True)
+class _ToolCallState:
+    index: int
+    upstream_id: str | None
+    name: str | None = None
+    announced: bool = False
+    held_arguments: list[str] = field(default_factory=list)
+
+
+class ChunkDecoder:
+    """Turns Chat Completions chunks (``delta``) or a whole completion (``message``) into deltas.
+
+    Only choice 0 is read. Reasoning arrives as ``reasoning_content`` or ``reasoning``; when a
+    server sends both in one delta they carry the same text, so only one is used.
+
+    Tool calls are told apart by the upstream's ``index``; a delta on a known index that
+    carries a ``name`` together with a different ``id``, or a different ``name``, starts a new
+    call (servers that reuse index 0 for every call), and a delta without ``index`` continues
+    the call its ``id`` names, or else the latest call. Calls are renumbered 0, 1, ... in
+    order of appearance. A repeated ``name`` on later deltas (llama-cpp-python) is ignored.
+    Argument text that arrives before the name is held back, so the first ``ToolCallDelta``
+    of every call carries name and ``call_id``; arguments sent as a JSON object (not a
+    string) are serialized.
+    """
+
+    def __init__(self) -> None:
+        self.finish_reason: FinishReason | None = None
+        self.usage: Usage | None = None
+        self.done = False
+        self.received = False
+        self._calls: list[_ToolCallState] = []
+        self._by_index: dict[int, _ToolCallState] = {}
+
+    def feed_event(self, event: str, data: str) -> list[Delta]:
+        """One SSE event: a chunk, ``[DONE]`` (sets :attr:`done`) or an error (raised)."""
+        self.received = True
+        if event == "error":
+            raise error_in_stream(json_or_text(data))
+        if data == "[DONE]":
+            self.done = True
+            return []
+        if not data:
+            return []
+        chunk = json_object(data.encode())
+        if chunk.get("error"):
+            raise error_in_stream(chunk["error"])
+        return self.feed(chunk)
+
+    def feed_whole(self, body: bytes) -> list[Delta]:
+        """A non-streamed completion (or error object) sent as one JSON body."""
+        self.received = True
+        whole = json_object(body)
+        if whole.get("error"):
+            raise error_in_stream(whole["error"])
+        deltas = self.feed(whole)
+        self.done = True
+        return deltas
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Delta]:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage = _usage(usage)
+        deltas: list[Delta] = []
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index") not in (0, None):
+                continue
+            whole = "message" in choice and "delta" not in choice
+            delta = choice.get("message" if whole else "delta") or {}
+            if isinstance(delta, dict):
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                if isinstance(reasoning, str) and reasoning:
+                    deltas.append(ReasoningDelta(reasoning))
+                for key in ("content", "refusal"):
+                    text = _text(delta.get(key))
+                    if text:
+                        deltas.append(TextDelta(text))
+                for position, call in enumerate(delta.get("tool_calls") or ()):
+                    if isinstance(call, dict):
+                        deltas.extend(self._tool_call(call, position if whole else None))
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self.finish_reason = _FINISH_REASONS.get(reason, "stop")
+        return deltas
+
+    def finish(self) -> Finish:
+        """The terminal delta. A ``stop`` after tool calls is reported as ``tool_calls``.
+
+        Raises ``ModelError`` if the stream ended with neither ``[DONE]`` nor a finish reason
+        (a cut connection must not pass for a complete answer), or with a nameless tool call.
+        """
+        if not self.done and self.finish_reason is None:
+            raise ModelError(
+                "The upstream model server ended the stream before the model finished.",
+                code="upstream_disconnected",
+            )
+        if any(not call.announced for call in self._calls):
+            raise ModelError("The upstream sent a tool call without a function name.", code="upstream_error")
+        reason = self.finish_reason or "stop"
+        if reason == "stop" and self._calls:
+            reason = "tool_calls"
+        return Finish(reason=reason, usage=self.usage)
+
+    def _tool_call(self, call: Mapping[str, Any], default_index: int | None) -> list[Delta]:
+        function = call.get("function") if isinstance(call.get("function"), dict) else {}
+        call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else None
+        name = function.get("name") if isinstance(function.get("name"), str) and function.get("name") else None
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = ""
+        elif not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        index = call.get("index") if isinstance(call.get("index"), int) else default_index
+        state = self._locate(index, call_id, name)
+        if state.name is None and name is not None:
+            state.name = name
+        if state.upstream_id is None and call_id is not None and not state.announced:
+            state.upstream_id = call_id
+        if not state.announced:
+            if state.name is None:
+                state.held_arguments.append(arguments)
+                return []
+            state.announced = True
+            text = "".join(state.held_arguments) + arguments
+            state.held_arguments.clear()
+            return [ToolCallDelta(index=state.index, name=state.name, arguments=text, call_id=state.upstream_id)]
+        return [ToolCallDelta(index=state.index, arguments=arguments)] if arguments else []
+
+    def _locate(self, index: int | None, call_id: str | None, name: str | None) -> _ToolCallState:
+        if index is not None:
+            known = self._by_index.get(index)
+            if known is not None and not (name is not None and self._starts_another_call(known, call_id, name)):
+                return known
+            state = self._new_call(call_id)
+            self._by_index[index] = state
+            return state
+        if call_id is not None:
+            for known in self._calls:
+                if known.upstream_id == call_id:
+                    return known
+            return self._new_call(call_id)
+        return self._calls[-1] if self._calls else self._new_call(None)
+
+    @staticmethod
+    def _starts_another_call(known: _ToolCallState, call_id: str | None, name: str) -> bool:
+        other_id = call_id is not None and known.upstream_id not in (None, call_id)
+        other_name = known.name is not None and known.name != name
+        return other_id or other_name
+
+    def _new_call(self, call_id: str | None) -> _ToolCallState:
+        state = _ToolCallState(index=len(self._calls), upstream_id=call_id)
+        self._calls.append(state)
+        return state
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts
+        texts = (part.get("text") for part in value if isinstance(part, dict))
+        return "".join(text for text in texts if isinstance(text, str))
+    return ""
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _usage(raw: Mapping[str, Any]) -> Usage:
+    prompt_details = raw.get("prompt_tokens_details") if isinstance(raw.get("prompt_tokens_details"), dict) else {}
+    output_details = (
+        raw.get("completion_tokens_details") if isinstance(raw.get("completion_tokens_details"), dict) else {}
+    )
+    return Usage(
+        input_tokens=_count(raw.get("prompt_tokens")),
+        output_tokens=_count(raw.get("completion_tokens")),
+        cached_tokens=_count(prompt_details.get("cached_tokens")),
+        reasoning_tokens=_count(output_details.get("reasoning_tokens")),
+    )

@@ -38,5 +38,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+lint: $(STAMP)
+	$(BIN)/ruff check app compliance bench tests
+	$(BIN)/hadolint Dockerfile
+
 clean:
 	rm -rf $(VENV) .pytest_cache

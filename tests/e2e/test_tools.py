@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -61,7 +61,7 @@ async def test_delete_racing_continuations_never_strands_a_child(store: SqlRespo
         children = [new_response(tenant, previous=parent.id) for _ in range(12)]
         outcomes: dict[str, bool] = {}
 
-        async def continue_from(child: NewResponse) -> None:
+        async def continue_from(child: NewResponse, outcomes: dict[str, bool] = outcomes) -> None:
             try:
                 await store.begin(child)
                 outcomes[child.id] = True

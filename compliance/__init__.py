@@ -7,7 +7,7 @@ specification's prose, without sharing any code with the server:
 - ``compliance.resource``: rules about a whole response object;
 - ``compliance.sse``: strict ``text/event-stream`` framing;
 - ``compliance.stream``: event order, item lifecycle and stream/final-response agreement;
-- ``python -m compliance``: the acceptance suite, run against any server over HTTP.
+- ``python -m compliance``: the acceptance suite, run against any server over HTTP and WebSocket.
 
 Every check raises ``ConformanceError`` (an ``AssertionError``) naming the violation.
 """

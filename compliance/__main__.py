@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from compliance import http_checks  # noqa: F401 - registers the HTTP checks
+from compliance import ws_checks  # noqa: F401 - registers the WebSocket checks
 from compliance.suite import REGISTRY, SuiteConfig, run, select
 
 

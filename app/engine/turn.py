@@ -295,11 +295,18 @@ class Engine:
     """Prepares and runs turns. Transport-agnostic: no HTTP, no WebSocket here."""
 
     def __init__(
-        self, router: ModelRouter, store: ResponseStore | None = None, sealer: Sealer | None = None
+        self,
+        router: ModelRouter,
+        store: ResponseStore | None = None,
+        sealer: Sealer | None = None,
+        *,
+        foreign_items: str = "reject",
     ) -> None:
         self.router = router
         self.store = store
         self.sealer = sealer
+        self.foreign_items = foreign_items
+        """``reject`` (400 ``namespaced``) or ``drop`` (logged) other vendors' items."""
 
     async def prepare(
         self,
@@ -334,7 +341,7 @@ class Engine:
                 code="invalid_value",
                 param="background",
             )
-        new_items = _input_items(body)
+        new_items = _input_items(body, drop_foreign=self.foreign_items == "drop")
         sealed = _Opener(self.sealer) if self.sealer is not None else None
         for index, item in enumerate(new_items):
             if isinstance(item, CompactionParam):
@@ -424,12 +431,13 @@ def _reasoning_sealer(sealer: Sealer | None) -> Callable[[str], str]:
     return lambda text: sealer.seal("reasoning", {"text": text})
 
 
-def _input_items(body: CreateResponseBody) -> Sequence[object]:
+def _input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[object]:
     raw = body.input
     if raw is None:
         return []
     if isinstance(raw, str):
         return [UserMessageParam(role="user", content=raw)]
+    kept: list[object] = []
     for index, item in enumerate(raw):
         param = f"input[{index}]"
         if isinstance(item, ExtensionItemParam):
@@ -439,6 +447,9 @@ def _input_items(body: CreateResponseBody) -> Sequence[object]:
                     code="invalid_type",
                     param=f"{param}.type",
                 )
+            if drop_foreign:
+                log.warning("dropped %s of type %r: another implementation's extension item", param, item.type)
+                continue
             raise InvalidRequest(
                 f"Item type '{item.type}' is another implementation's extension; it is not portable "
                 "and this server cannot interpret it. Remove it from the input.",
@@ -452,7 +463,8 @@ def _input_items(body: CreateResponseBody) -> Sequence[object]:
                 code="unsupported_item",
                 param=param,
             )
-    return raw
+        kept.append(item)
+    return kept
 
 
 def _tool_policy(body: CreateResponseBody) -> ToolPolicy:

@@ -387,3 +387,17 @@ def test_strict_schema_mismatch_fails_the_response(client: Client) -> None:
     error = client.error({"model": "scripted-text", "input": "x", "text": {"format": {
         "type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}}, 500)
     assert (error["type"], error["code"]) == ("model_error", "output_schema_mismatch")
+
+
+def test_foreign_items_can_be_dropped_by_the_operator(tmp_path, scripted) -> None:  # type: ignore[no-untyped-def]
+    from app.config import Settings
+    from app.main import create_app
+
+    server = LiveServer(create_app(Settings(data_dir=tmp_path, foreign_items="drop"), backends=[scripted])).start()
+    try:
+        response = Client(server.url).create(model="scripted-text", input=[
+            {"type": "acme:search_result", "id": "x", "data": 1}, {"role": "user", "content": "hi"}])
+        assert response["status"] == "completed"
+        assert [m.content for m in scripted.requests[-1].messages] == ["hi"]
+    finally:
+        server.stop()

@@ -32,7 +32,9 @@ Dialects differ in two places that cannot be detected safely, so they are settin
   ``{"type": "json_object", "schema": {...}}`` (``json_object_schema``) and answers the
   standard form with HTTP 500.
 
-``developer`` messages are sent as ``system``: several servers reject the newer role.
+``developer`` messages are sent as ``system``: several servers reject the newer role. An
+assistant message's ``phase`` (``commentary`` / ``final_answer``) is forwarded as a field
+of the message, as OpenAI's own API carries it; servers that do not know it ignore it.
 Prior reasoning is not replayed unless ``replay_reasoning`` is set (as ``reasoning_content``;
 DeepSeek-style APIs reject it in some versions and require it in others).
 """
@@ -267,6 +269,8 @@ class ChatCompletionsBackend(Backend):
                 ]
             if self.replay_reasoning and message.reasoning:
                 out["reasoning_content"] = message.reasoning
+            if message.phase is not None:
+                out["phase"] = message.phase
         if role == "tool":
             out["tool_call_id"] = message.tool_call_id or ""
         return out

@@ -1,5 +1,7 @@
-"""The acceptance suite's HTTP requests (on the default model), run by the independent checker in
-``compliance/`` as a separate process against the real server, as anyone would run it."""
+"""The official acceptance suite's 17 tests (HTTP, the fixture, WebSocket), run by the
+independent checker in ``compliance/`` as a separate process against the real server on
+its default embedded model (which must decide on its own to call a tool), as anyone
+would run it."""
 
 from __future__ import annotations
 
@@ -9,32 +11,40 @@ import sys
 from tests.conftest import QWEN
 from tests.live import LiveServer
 
-STATELESS_HTTP_CHECKS = {
+ACCEPTANCE_SUITE = {
     "basic-response",
     "assistant-phase",
+    "response-output-phase-schema",
     "streaming-response",
     "system-prompt",
+    "tool-calling",
     "image-input",
     "multi-turn",
-    "tool-calling",
     "compact-response",
     "compact-missing-model",
+    "websocket-response",
+    "websocket-sequential-responses",
+    "websocket-continuation",
+    "websocket-reconnect-store-false-recovery",
+    "websocket-previous-response-not-found",
+    "websocket-failed-continuation-evicts-cache",
+    "websocket-compact-new-chain",
 }
 
 
-def test_stateless_http_checks_pass(server: LiveServer) -> None:
+def test_all_17_acceptance_tests_pass_on_the_default_model(server: LiveServer) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", QWEN, "--transport", "http"],
+        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", QWEN],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     verdicts = {}
     for line in result.stdout.splitlines():
         verdict, _, rest = line.partition(" ")
         if verdict in ("PASS", "FAIL", "SKIP"):
             verdicts[rest.split(":")[0].split()[0]] = verdict
-    missing = STATELESS_HTTP_CHECKS - set(verdicts)
-    assert not missing, result.stdout
-    failed = {name for name in STATELESS_HTTP_CHECKS if verdicts[name] != "PASS"}
+    assert set(verdicts) == ACCEPTANCE_SUITE, result.stdout + result.stderr
+    failed = sorted(name for name, verdict in verdicts.items() if verdict != "PASS")
     assert not failed, result.stdout + result.stderr
+    assert result.returncode == 0

@@ -99,3 +99,17 @@ def test_reasoning_effort_reaches_the_upstream(client: Client, upstream: Scripte
     assert upstream.requests_for(model)[-1].body["reasoning_effort"] == "high"
 
 
+
+
+def test_phase_is_forwarded_to_the_upstream(client: Client, upstream: ScriptedUpstream) -> None:
+    model = upstream.stream(chunk(content="ok", finish_reason="stop"), DONE)
+    response = client.create(model=model, input=[
+        {"role": "user", "content": "plan it"},
+        {"role": "assistant", "content": "Planning first.", "phase": "commentary"},
+        {"role": "assistant", "content": "Done.", "phase": "final_answer"},
+        {"role": "user", "content": "thanks"},
+    ])
+    sent = upstream.requests_for(model)[-1].body["messages"]
+    assert [m.get("phase") for m in sent if m["role"] == "assistant"] == ["commentary", "final_answer"]
+    items = client.http.get(f"/v1/responses/{response['id']}/input_items", params={"order": "asc"}).json()["data"]
+    assert [item.get("phase") for item in items] == [None, "commentary", "final_answer", None]

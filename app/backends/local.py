@@ -94,7 +94,7 @@ def plain_text(request: GenerationRequest, spec: ModelSpec) -> OutputParser:
 
 @dataclass(frozen=True, slots=True)
 class _Plan:
-    """What one generation needs, prepared on the event loop before the model is touched."""
+    """What one generation needs, prepared on the event loop before generation starts."""
 
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolSpec, ...]

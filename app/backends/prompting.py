@@ -65,7 +65,10 @@ def template_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
 DEFAULT_SYSTEM = "You are a helpful assistant."
 """The system prompt of a conversation with tools that brings none of its own."""
 
-TOOL_RESULT_HINT = "When a tool result is available, use it to answer the user."
+TOOL_RESULT_HINT = (
+    "When a tool result is available, use it to answer the user's question directly; "
+    "do not repeat the call and do not explain how to call a tool."
+)
 """Ends the system message of every conversation with tools or tool results."""
 
 
@@ -144,9 +147,20 @@ def output_grammar(output_format: OutputFormat) -> str | None:
     if output_format.kind == "json_object" or output_format.schema is None:
         return JSON_GBNF
     try:
-        return json_schema_to_gbnf(json.dumps(output_format.schema))
+        return strict_json_strings(json_schema_to_gbnf(json.dumps(output_format.schema)))
     except Exception as exc:  # the converter raises assorted errors (assertions included)
         raise unsupported_schema(str(exc)) from exc
+
+
+JSON_CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+"""A character of a JSON string: raw control characters excluded, as JSON requires."""
+
+
+def strict_json_strings(grammar: str) -> str:
+    """``grammar`` (from llama.cpp's JSON-schema converter) with its ``char`` rule replaced
+    by ``JSON_CHAR_RULE``: the converter's own lets raw control characters (a newline)
+    into strings, and the output would not parse as JSON."""
+    return "\n".join(JSON_CHAR_RULE if line.startswith("char ::= ") else line for line in grammar.splitlines())
 
 
 def unsupported_schema(reason: str) -> InvalidRequest:

@@ -26,8 +26,13 @@ A well-formed call to a tool of the request that the policy does not allow is th
 dropped and logged, never shown as text: the client asked for it not to happen, and the
 call's JSON is no answer. Calls beyond ``parallel_tool_calls: false`` (one) or
 ``max_tool_calls`` are dropped and logged the same way. What the model wrote around a
-dropped call remains the answer; if that is nothing, the answer is empty. Whitespace that
-only separates a call (kept or dropped) from the text around it is left out.
+dropped call remains the answer; if that is nothing, the answer is empty. Whitespace
+between a kept call and the text around it is left out; of the whitespace around a
+dropped call, only what came before it is kept.
+
+**When a call is required** the grammar below lets the model write calls only, so any
+text the parser is left with is a call cut short (by ``max_output_tokens``): it is dropped
+and logged, not shown.
 
 **When nothing can be called** (``tool_choice: none``, no tools, or structured output
 forced by ``text.format`` while no call is required) the parser passes all text through.
@@ -45,8 +50,9 @@ with mode ``required``, ``tool_call_grammar`` builds a GBNF grammar (arguments f
 allowed tool's ``parameters`` through llama.cpp's JSON-schema conversion) that lets the
 model write only calls to allowed tools, in its native shape: tagged calls for a template
 with a tools section, bare objects otherwise. Several calls are allowed when the policy
-permits, up to ``MAX_FORCED_CALLS``. Under ``auto`` generation is free and the parser
-alone enforces the policy.
+permits, up to ``MAX_FORCED_CALLS``, except when a single tool is allowed: that is how a
+named function arrives, and a named function is called exactly once. Under ``auto``
+generation is free and the parser alone enforces the policy.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from typing import Any
 
 from app.backends.base import Delta, GenerationRequest, TextDelta, ToolCallDelta, ToolPolicy, ToolSpec
 from app.backends.model_files import ModelSpec
+from app.backends.prompting import strict_json_strings
 from app.errors import InvalidRequest
 
 log = logging.getLogger("ors.tools")
@@ -92,6 +99,7 @@ class ToolCallParser:
         self._offered = frozenset(tools)
         self._policy = policy
         self._passthrough = passthrough or policy.mode == "none" or not self._offered
+        self._forced = policy.mode == "required" and not self._passthrough
         limits = [limit for limit in (None if policy.parallel else 1, policy.max_calls) if limit is not None]
         self._limit = min(limits) if limits else None
         self._buffer = ""
@@ -125,8 +133,7 @@ class ToolCallParser:
         if start == len(text):
             if not final:
                 return False
-            if not self._after_call:
-                out.append(TextDelta(text))
+            self._emit(text, out)
             self._buffer = ""
             return True
         match = {"<": _match_tag, "`": _match_fence, "{": _match_bare}.get(text[start])
@@ -203,6 +210,9 @@ class ToolCallParser:
     def _emit(self, text: str, out: list[Delta]) -> None:
         if self._after_call:
             text = text.lstrip()
+        if text and self._forced:
+            log.warning("dropped %d characters of an unfinished call", len(text))
+            return
         if text:
             out.append(TextDelta(text))
             self._after_call = False
@@ -316,8 +326,9 @@ def _call_object(body: str, offered: Collection[str]) -> tuple[str, str] | None:
 
 
 def _loads(text: str) -> Any:
+    """The JSON value of ``text`` (raw control characters in strings allowed), or ``None``."""
     try:
-        return json.loads(text)
+        return json.loads(text, strict=False)
     except ValueError:
         return None
 
@@ -373,7 +384,8 @@ def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: Call
     if not alternatives:
         raise InvalidRequest("tool_choice requires a call, but allows none of the tools given.", param="tool_choice")
     limits = [MAX_FORCED_CALLS] + ([policy.max_calls] if policy.max_calls is not None else [])
-    count = min(limits) if policy.parallel else 1
+    named = policy.allowed is not None and len(set(policy.allowed)) == 1
+    count = max(1, min(limits)) if policy.parallel and not named else 1
     block = " ".join(part for part in (shape.open, "tool-call", shape.close) if part)
     more = f" ( {shape.separator} tool-call-block ){{0,{count - 1}}}" if count > 1 else ""
     rules = [
@@ -417,7 +429,7 @@ class _Converter:
             ) from exc
 
     def format_grammar(self) -> str:
-        return str(self._converter.format_grammar())
+        return strict_json_strings(str(self._converter.format_grammar()))
 
 
 @functools.cache

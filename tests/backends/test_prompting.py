@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolPolicy, ToolSpec
-from app.backends.prompting import ChatTemplate, output_grammar, template_messages, template_tools
+from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolSpec
+from app.backends.prompting import ChatTemplate, output_grammar, template_messages
 from app.errors import InvalidRequest
 
 CHATML = (
@@ -56,22 +56,6 @@ def test_arguments_that_are_not_json_stay_a_string() -> None:
     message = ChatMessage("assistant", tool_calls=(ToolCall("c", "f", "not json"),))
 
     assert template_messages((message,))[0]["tool_calls"][0]["function"]["arguments"] == "not json"
-
-
-def test_tools_follow_the_policy() -> None:
-    assert template_tools((), ToolPolicy()) is None
-    assert template_tools((WEATHER, SEARCH), ToolPolicy(mode="none")) is None
-    only_search = template_tools((WEATHER, SEARCH), ToolPolicy(mode="required", allowed=("search_web",)))
-    assert only_search == [
-        {
-            "type": "function",
-            "function": {"name": "search_web", "description": "", "parameters": {"type": "object", "properties": {}}},
-        }
-    ]
-    assert [t["function"]["name"] for t in template_tools((WEATHER, SEARCH), ToolPolicy()) or []] == [
-        "get_weather",
-        "search_web",
-    ]
 
 
 def test_chat_template_renders_a_generation_prompt() -> None:

@@ -59,14 +59,14 @@ def _calls(response: dict[str, Any]) -> list[dict[str, Any]]:
 def test_tool_loop_by_previous_response_id(client: Client, stream: bool) -> None:
     create = client.stream if stream else client.create
     first = create(model=QWEN, input="What is the weather in Paris right now?", tools=[WEATHER],
-                   max_output_tokens=128)
+                   max_output_tokens=128, temperature=0)
     first = first.final if stream else first  # type: ignore[union-attr]
     calls = _calls(first)  # type: ignore[arg-type]
     assert len(calls) == 1 and calls[0]["name"] == "get_weather"
     assert json.loads(calls[0]["arguments"])["city"].lower() == "paris"
     second = create(model=QWEN, previous_response_id=first["id"], tools=[WEATHER],  # type: ignore[index]
                     input=[{"type": "function_call_output", "call_id": calls[0]["call_id"], "output": RESULT}],
-                    max_output_tokens=128)
+                    max_output_tokens=128, temperature=0)
     second = second.final if stream else second  # type: ignore[union-attr]
     answer = output_text(second)  # type: ignore[arg-type]
     assert "18" in answer, answer
@@ -74,28 +74,31 @@ def test_tool_loop_by_previous_response_id(client: Client, stream: bool) -> None
 
 def test_tool_loop_by_resent_history(client: Client) -> None:
     question = {"role": "user", "content": "What is the weather in Paris right now?"}
-    first = client.create(model=QWEN, input=[question], tools=[WEATHER], max_output_tokens=128)
+    first = client.create(model=QWEN, input=[question], tools=[WEATHER], max_output_tokens=128, temperature=0)
     call = _calls(first)[0]
     history = [question, call, {"type": "function_call_output", "call_id": call["call_id"], "output": RESULT}]
-    second = client.create(model=QWEN, input=history, tools=[WEATHER], max_output_tokens=128, store=False)
+    second = client.create(model=QWEN, input=history, tools=[WEATHER], max_output_tokens=128, store=False,
+                           temperature=0)
     assert "18" in output_text(second)
 
 
 def test_openai_sdk_tool_loop(server: LiveServer) -> None:
     sdk = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
-    first = sdk.responses.create(model=QWEN, input="What's the weather in Paris?", tools=[WEATHER])  # type: ignore[list-item]
+    first = sdk.responses.create(model=QWEN, input="What's the weather in Paris?", tools=[WEATHER],  # type: ignore[list-item]
+                                 temperature=0)
     call = next(item for item in first.output if item.type == "function_call")
     second = sdk.responses.create(
         model=QWEN,
         previous_response_id=first.id,
         tools=[WEATHER],  # type: ignore[list-item]
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": RESULT}],
+        temperature=0,
     )
     assert "18" in second.output_text
 
 
 def test_openai_agents_run(server: LiveServer) -> None:
-    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
@@ -114,6 +117,7 @@ def test_openai_agents_run(server: LiveServer) -> None:
             instructions="Answer weather questions with the get_weather tool, then reply in one sentence.",
             tools=[get_weather],
             model=OpenAIResponsesModel(model=QWEN, openai_client=client),
+            model_settings=ModelSettings(temperature=0),  # greedy: the same run every time
         )
         result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
         return str(result.final_output)

@@ -25,6 +25,9 @@ class RecordingBackend(Backend):
     def serves(self, model: str) -> bool:
         return self.inner.serves(model)
 
+    async def check(self, request: GenerationRequest) -> None:
+        await self.inner.check(request)
+
     def context_window(self, model: str) -> int | None:
         return self.inner.context_window(model)
 

@@ -176,6 +176,11 @@ class Backend(abc.ABC):
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Generate; an async generator honouring the contract above."""
 
+    async def check(self, request: GenerationRequest) -> None:
+        """Raise ``InvalidRequest`` now for a request the backend will certainly refuse
+        (e.g. a schema it cannot enforce), so the client gets a plain 400 before any
+        stream starts. Called by the engine before the response exists."""
+
     def context_window(self, model: str) -> int | None:
         """Tokens of context (input plus output) of ``model``, if known."""
         return None

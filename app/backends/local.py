@@ -371,6 +371,16 @@ class LocalBackend(Backend):
         loaded = await self._loaded(self._slot(model))
         return len(await asyncio.to_thread(loaded.prompt_tokens, tuple(messages), tuple(tools)))
 
+    async def check(self, request: GenerationRequest) -> None:
+        """Schemas that cannot become a grammar are refused before the response starts."""
+        loaded = await self._loaded(self._slot(request.model))
+        plan = self._plan(request, loaded)
+        if plan.grammar is not None and not loaded.accepts_grammar(plan.grammar):
+            raise InvalidRequest(
+                "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
+                param=plan.grammar_source,
+            )
+
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         slot = self._slot(request.model)
         loaded = await self._loaded(slot)

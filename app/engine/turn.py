@@ -377,6 +377,7 @@ class Engine:
             output_format=_output_format(body),
             reasoning_effort=body.reasoning.effort if body.reasoning else None,
         )
+        await backend.check(request)
         initial = initial_response(
             body, response_id=ids.response_id(), model=model, status="queued" if body.background else "in_progress"
         )

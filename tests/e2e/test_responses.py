@@ -401,3 +401,11 @@ def test_foreign_items_can_be_dropped_by_the_operator(tmp_path, scripted) -> Non
         assert [m.content for m in scripted.requests[-1].messages] == ["hi"]
     finally:
         server.stop()
+
+
+def test_a_schema_the_local_model_cannot_enforce_is_a_400_before_any_stream(client: Client) -> None:
+    unsupported = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^(?=lookahead)"}}}
+    for stream in (False, True):
+        error = client.error({"model": SMOL, "input": "x", "stream": stream, "text": {"format": {
+            "type": "json_schema", "name": "odd", "schema": unsupported}}}, 400)
+        assert error["param"] == "text.format.schema", error

@@ -111,7 +111,10 @@ def test_openai_agents_run(server: LiveServer) -> None:
         return RESULT
 
     async def run() -> str:
-        client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        async with AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+            return await run_with(client)
+
+    async def run_with(client: AsyncOpenAI) -> str:
         agent = Agent(
             name="weather",
             instructions="Answer weather questions with the get_weather tool, then reply in one sentence.",

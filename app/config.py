@@ -53,6 +53,3 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
-
-    def model_dir(self) -> Path:
-        return self.data_dir / "models"

@@ -34,7 +34,7 @@ def default_backends(settings: Settings) -> list[Backend]:
 
     backends: list[Backend] = [
         LocalBackend(
-            cache_dir=settings.model_dir(),
+            cache_dir=settings.data_dir,
             n_threads=settings.model_threads,
             n_ctx=settings.model_context,
             preload=_preload(settings),

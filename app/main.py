@@ -16,7 +16,7 @@ from app.config import Settings
 from app.engine.models import ModelRouter
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
-from app.engine.turn import Engine
+from app.engine.engine import Engine
 from app.store.factory import open_store
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain

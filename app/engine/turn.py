@@ -1,11 +1,7 @@
-"""Running one response: request → checked context → backend → builder → events.
+"""Running one response: backend → guards → builder → events.
 
-:meth:`Engine.prepare` does everything that can fail before a stream starts (model
-resolution, the previous response's history, item checks, the context window) and raises
-:class:`app.errors.ORSError`; the transports turn that into a plain HTTP error or a
-WebSocket error envelope.
-
-:meth:`Turn.events` then drives the backend and yields :class:`Emitted` events, each
+A :class:`Turn` is made by :meth:`app.engine.engine.Engine.prepare`, which has already
+done everything that can fail before a stream starts. :meth:`Turn.events` then drives the backend and yields :class:`Emitted` events, each
 serialized exactly once. Its contract:
 
 * The first events are ``response.created`` and ``response.in_progress`` (a background
@@ -28,42 +24,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from app.backends.base import Backend, GenerationRequest, OutputFormat, Sampling, ToolPolicy, ToolSpec
-from app.engine import ids
+from app.backends.base import Backend, GenerationRequest
 from app.engine.builder import ResponseBuilder
-from app.engine.compaction import compaction_context
-from app.engine.context import build_messages
-from app.engine.echo import initial_response
-from app.engine.gate import gate
-from app.engine.history import History, HistorySource
-from app.engine.items import stored_form
-from app.engine.models import ModelRouter
-from app.engine.sealing import Sealer, SealError
 from app.engine.output_format import enforce_output_format
 from app.engine.tools import enforce_tool_policy
-from app.engine.truncation import fit_context
-from app.engine.validation import parse_body
-from app.errors import InvalidRequest, ModelError, ORSError, ServerError
+from app.errors import ModelError, ORSError, ServerError
 from app.protocol.events import StreamEvent
-from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import (
     CreateResponseBody,
     ResponseResource,
-    TextFormatJsonObjectParam,
-    TextFormatJsonSchemaParam,
 )
-from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
 from app.store.base import NewResponse, ResponseStore
 
-log = logging.getLogger("ors.engine")
+log = logging.getLogger("ors.turn")
 
-OWN_EXTENSION_PREFIX = "ors:"
 _QUEUE_SIZE = 256
 _END = object()
 
@@ -289,218 +269,3 @@ class Turn:
             )
         except Exception:
             log.exception("could not record the end of response %s", self.id)
-
-
-class Engine:
-    """Prepares and runs turns. Transport-agnostic: no HTTP, no WebSocket here."""
-
-    def __init__(
-        self,
-        router: ModelRouter,
-        store: ResponseStore | None = None,
-        sealer: Sealer | None = None,
-        *,
-        foreign_items: str = "reject",
-    ) -> None:
-        self.router = router
-        self.store = store
-        self.sealer = sealer
-        self.foreign_items = foreign_items
-        """``reject`` (400 ``namespaced``) or ``drop`` (logged) other vendors' items."""
-
-    async def prepare(
-        self,
-        data: Any,
-        *,
-        tenant: str,
-        history: HistorySource,
-        error_events: bool = True,
-    ) -> Turn:
-        """Check the request (a decoded JSON body) and assemble the model's context; raise
-        before any stream.
-
-        Order: the chain of ``previous_response_id`` is loaded, then the replay gate checks
-        the input exactly as sent (so its reasons win over generic validation errors),
-        then the body is validated into protocol models."""
-        if not isinstance(data, dict):
-            raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
-        previous = data.get("previous_response_id")
-        past = await history.load(previous) if isinstance(previous, str) and previous else History()
-        raw_tools = data.get("tools")
-        gate(
-            data.get("input"),
-            history=past.stored_items,
-            tools=raw_tools if isinstance(raw_tools, list) else [],
-            history_tools=past.tools,
-        )
-        body = parse_body(CreateResponseBody, data)
-        model, backend = self.router.resolve(body.model)
-        if body.background and body.store is False:
-            raise InvalidRequest(
-                "background responses must be stored: remove store=false or background=true.",
-                code="invalid_value",
-                param="background",
-            )
-        new_items = _input_items(body, drop_foreign=self.foreign_items == "drop")
-        sealed = _Opener(self.sealer) if self.sealer is not None else None
-        for index, item in enumerate(new_items):
-            if isinstance(item, CompactionParam):
-                _check_compaction(sealed, item, f"input[{index}]")
-        messages = build_messages(body.instructions, [*past.items, *new_items], sealed=sealed)
-        if not messages:
-            raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
-        tools = tuple(
-            ToolSpec(name=t.name, description=t.description, parameters=t.parameters, strict=t.strict)
-            for t in body.tools or []
-        )
-        messages = await fit_context(
-            backend,
-            model,
-            messages,
-            tools,
-            truncation=body.truncation or "disabled",
-            max_output_tokens=body.max_output_tokens,
-        )
-        request = GenerationRequest(
-            model=model,
-            messages=tuple(messages),
-            tools=tools,
-            tool_policy=_tool_policy(body),
-            sampling=Sampling(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                max_output_tokens=body.max_output_tokens,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                top_logprobs=body.top_logprobs,
-            ),
-            output_format=_output_format(body),
-            reasoning_effort=body.reasoning.effort if body.reasoning else None,
-        )
-        await backend.check(request)
-        initial = initial_response(
-            body, response_id=ids.response_id(), model=model, status="queued" if body.background else "in_progress"
-        )
-        wants_sealed_reasoning = "reasoning.encrypted_content" in (body.include or [])
-        if wants_sealed_reasoning and self.sealer is None:
-            raise InvalidRequest("This server cannot encrypt reasoning.", code="unsupported_include",
-                                 param="include")
-        stores = body.store is not False and self.store is not None
-        return Turn(
-            body=body,
-            backend=backend,
-            request=request,
-            initial=initial,
-            tenant=tenant,
-            store=self.store if stores else None,
-            input_items=[stored_form(item) for item in new_items],
-            tools=[tool.model_dump(mode="json") for tool in initial.tools],
-            error_events=error_events,
-            seal_reasoning=_reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
-        )
-
-
-class _Opener:
-    """Sealed content as the context builder needs it."""
-
-    def __init__(self, sealer: Sealer) -> None:
-        self.sealer = sealer
-
-    def compaction_text(self, encrypted_content: str) -> str:
-        return compaction_context(self.sealer, encrypted_content)
-
-    def reasoning_text(self, encrypted_content: str) -> str | None:
-        try:
-            text = self.sealer.unseal("reasoning", encrypted_content).get("text")
-        except SealError:
-            return None
-        return text if isinstance(text, str) else None
-
-
-def _check_compaction(sealed: _Opener | None, item: CompactionParam, param: str) -> None:
-    if sealed is None:
-        raise InvalidRequest("This server cannot open compaction items.", code="unsupported_item", param=param)
-    try:
-        sealed.compaction_text(item.encrypted_content)
-    except SealError as error:
-        error.param = param
-        raise
-
-
-def _reasoning_sealer(sealer: Sealer | None) -> Callable[[str], str]:
-    assert sealer is not None
-    return lambda text: sealer.seal("reasoning", {"text": text})
-
-
-def _input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[object]:
-    raw = body.input
-    if raw is None:
-        return []
-    if isinstance(raw, str):
-        return [UserMessageParam(role="user", content=raw)]
-    kept: list[object] = []
-    for index, item in enumerate(raw):
-        param = f"input[{index}]"
-        if isinstance(item, ExtensionItemParam):
-            if item.type.startswith(OWN_EXTENSION_PREFIX):
-                raise InvalidRequest(
-                    f"Unknown item type '{item.type}': this server defines no such extension item.",
-                    code="invalid_type",
-                    param=f"{param}.type",
-                )
-            if drop_foreign:
-                log.warning("dropped %s of type %r: another implementation's extension item", param, item.type)
-                continue
-            raise InvalidRequest(
-                f"Item type '{item.type}' is another implementation's extension; it is not portable "
-                "and this server cannot interpret it. Remove it from the input.",
-                code="namespaced",
-                param=param,
-            )
-        if isinstance(item, ItemReferenceParam):
-            raise InvalidRequest(
-                f"Item '{item.id}' cannot be referenced: item references are not supported; "
-                "send the item itself or continue with previous_response_id.",
-                code="unsupported_item",
-                param=param,
-            )
-        kept.append(item)
-    return kept
-
-
-def _tool_policy(body: CreateResponseBody) -> ToolPolicy:
-    names = {tool.name for tool in body.tools or []}
-    choice = body.tool_choice
-    parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
-    if isinstance(choice, SpecificFunctionParam):
-        _require_tools(names, [choice.name], "tool_choice.name")
-        return ToolPolicy(mode="required", allowed=(choice.name,), parallel=parallel, max_calls=body.max_tool_calls)
-    if isinstance(choice, AllowedToolsParam):
-        allowed = tuple(tool.name for tool in choice.tools)
-        _require_tools(names, allowed, "tool_choice.tools")
-        return ToolPolicy(mode=choice.mode, allowed=allowed, parallel=parallel, max_calls=body.max_tool_calls)
-    mode = choice or "auto"
-    if mode == "required" and not names:
-        raise InvalidRequest(
-            "tool_choice is 'required' but no tools were given.", code="invalid_value", param="tool_choice"
-        )
-    return ToolPolicy(mode=mode, parallel=parallel, max_calls=body.max_tool_calls)
-
-
-def _require_tools(names: set[str], wanted: Sequence[str], param: str) -> None:
-    for name in wanted:
-        if name not in names:
-            raise InvalidRequest(
-                f"tool_choice names the function '{name}', which is not in 'tools'.",
-                code="invalid_value",
-                param=param,
-            )
-
-
-def _output_format(body: CreateResponseBody) -> OutputFormat:
-    fmt = body.text.format if body.text else None
-    if isinstance(fmt, TextFormatJsonSchemaParam):
-        return OutputFormat(kind="json_schema", name=fmt.name, schema=fmt.schema_, strict=fmt.strict)
-    if isinstance(fmt, TextFormatJsonObjectParam):
-        return OutputFormat(kind="json_object")
-    return OutputFormat()

@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response
 
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
-from app.engine.turn import Engine, Turn
+from app.engine.engine import Engine
+from app.engine.turn import Turn
 from app.engine.validation import decode_json
 from app.errors import InvalidRequest, NotFound
 from app.protocol.responses import ResponseResource

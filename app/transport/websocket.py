@@ -36,7 +36,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from app.engine.items import from_stored
 from app.engine.history import History, HistorySource, NoHistory, StoredHistory, not_found
 from app.engine.runs import LiveTurns
-from app.engine.turn import Engine, Turn
+from app.engine.engine import Engine
+from app.engine.turn import Turn
 from app.errors import InvalidRequest, ORSError, ServerError
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain

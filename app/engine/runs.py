@@ -38,9 +38,11 @@ class LiveTurns:
             self._turns.pop(turn.id, None)
 
     async def tracked_events(self, turn: Turn) -> AsyncIterator[Emitted]:
+        """``turn.events()`` while the turn is registered; closing this closes those."""
         with self.tracking(turn):
-            async for emitted in turn.events():
-                yield emitted
+            async with contextlib.aclosing(turn.events()) as events:
+                async for emitted in events:
+                    yield emitted
 
     def start_background(self, turn: Turn) -> None:
         """Run ``turn`` in a task of its own: it goes on whether or not anyone listens."""

@@ -210,8 +210,9 @@ class Turn:
 
     async def run(self) -> ResponseResource:
         """Drain the events; the terminal response."""
-        async for _ in self.events():
-            pass
+        async with contextlib.aclosing(self.events()) as events:
+            async for _ in events:
+                pass
         return self.builder.response
 
     async def follow(self, starting_after: int | None = None) -> AsyncIterator[Emitted]:

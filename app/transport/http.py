@@ -214,8 +214,9 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
     """Run a non-streaming turn, cancelling it if the client disconnects first."""
 
     async def drive() -> ResponseResource:
-        async for _ in live.tracked_events(turn):
-            pass
+        async with contextlib.aclosing(live.tracked_events(turn)) as events:
+            async for _ in events:
+                pass
         return turn.response
 
     task = asyncio.create_task(drive())

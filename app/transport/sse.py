@@ -59,8 +59,9 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns) -> EventSourceRespons
     async def body() -> AsyncIterator[bytes]:
         watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
         try:
-            async for emitted in live.tracked_events(turn):
-                yield encode_event(emitted.type, emitted.data)
+            async with contextlib.aclosing(live.tracked_events(turn)) as events:
+                async for emitted in events:
+                    yield encode_event(emitted.type, emitted.data)
             yield DONE_FRAME
         finally:
             watcher.cancel()

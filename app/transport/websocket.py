@@ -181,8 +181,9 @@ class Connection:
             return
         self.current = turn
         try:
-            async for emitted in self.live.tracked_events(turn):
-                await self.socket.send_text(emitted.data)
+            async with contextlib.aclosing(self.live.tracked_events(turn)) as events:
+                async for emitted in events:
+                    await self.socket.send_text(emitted.data)
         finally:
             self.current = None
         if turn.response.status in ("failed", "cancelled"):

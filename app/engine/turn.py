@@ -124,6 +124,8 @@ class Turn:
         self._signal(_Cancelled())
 
     def _signal(self, message: object) -> None:
+        if self.finished:
+            return
         if self._queue is not None:
             self._queue.put_nowait(message)
         else:

@@ -147,7 +147,9 @@ class Connection:
     async def _close_after(self, worker: asyncio.Task[None], error: ORSError) -> None:
         """End the running turn (if any) with ``error``, drop the queue, close cleanly."""
         self.closing = error
-        if self.current is not None and not self.current.finished:
+        if self.current is not None:
+            # a turn is being sent (it may have just finished): let it end on its own
+            # terminal event, never an envelope in the middle of it
             self.current.interrupt(error)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.wait_for(asyncio.shield(worker), timeout=30)

@@ -274,3 +274,21 @@ def test_compacted_window_starts_a_new_chain(url: str, ws_server: tuple[LiveServ
     assert seen[0][0] == "system" and seen[0][1].startswith("Summary of the earlier conversation")
     assert "Hello, world." in seen[0][1]  # the scripted model's summary, decrypted
     assert seen[-1] == ("user", "Go on.")
+
+
+def test_shutdown_ends_the_running_turn_with_response_failed(tmp_path: Path) -> None:
+    import threading
+
+    server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted_backend()])).start()
+    sock = Socket(server.url.replace("http://", "ws://") + "/v1/responses")
+    sock.send(model="scripted-slow", input="x")
+    stopper = threading.Timer(0.5, server.stop)
+    stopper.start()
+    try:
+        events, final = sock.turn(timeout=20)
+    finally:
+        stopper.join()
+    assert events[-1]["type"] == "response.failed"
+    assert final["error"]["code"] == "server_shutting_down"
+    with pytest.raises(ConnectionClosed):
+        sock.ws.recv(timeout=5)

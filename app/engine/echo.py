@@ -87,7 +87,7 @@ def initial_response(
             FunctionTool(
                 name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict
             )
-            for tool in body.tools or []
+            for tool in body.function_tools
         ],
         tool_choice=echo_tool_choice(body),
         truncation=body.truncation or "disabled",

@@ -35,7 +35,7 @@ from app.engine.validation import parse_body
 from app.errors import InvalidRequest
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
-from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, FunctionToolParam, SpecificFunctionParam
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.engine")
@@ -87,6 +87,10 @@ class Engine:
         )
         body = parse_body(CreateResponseBody, data)
         model, backend = self.router.resolve(body.model)
+        for index, tool in enumerate(body.tools or []):
+            if not isinstance(tool, FunctionToolParam):
+                log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",
+                            index, tool.type)
         if body.background and body.store is False:
             raise InvalidRequest(
                 "background responses must be stored: remove store=false or background=true.",
@@ -103,7 +107,7 @@ class Engine:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         tools = tuple(
             ToolSpec(name=t.name, description=t.description, parameters=t.parameters, strict=t.strict)
-            for t in body.tools or []
+            for t in body.function_tools
         )
         messages = await fit_context(
             backend,
@@ -221,7 +225,7 @@ def _input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[ob
 
 
 def _tool_policy(body: CreateResponseBody) -> ToolPolicy:
-    names = {tool.name for tool in body.tools or []}
+    names = {tool.name for tool in body.function_tools}
     choice = body.tool_choice
     parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
     if isinstance(choice, SpecificFunctionParam):

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.protocol.base import ParamModel, WireModel
 from app.protocol.items import ItemParam, OutputItem
-from app.protocol.tools import FunctionTool, FunctionToolParam, ToolChoice, ToolChoiceParam
+from app.protocol.tools import FunctionTool, FunctionToolParam, ToolChoice, ToolChoiceParam, ToolParam
 
 IncludeOption = Literal["reasoning.encrypted_content", "message.output_text.logprobs"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -72,7 +72,7 @@ class CreateResponseBody(BaseModel):
     instructions: str | None = None
     previous_response_id: str | None = None
     include: list[IncludeOption] | None = None
-    tools: list[FunctionToolParam] | None = None
+    tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(default=None, ge=1)
@@ -95,6 +95,11 @@ class CreateResponseBody(BaseModel):
     prompt_cache_key: str | None = Field(default=None, max_length=64)
     user: str | None = None
     """OpenAI superset field; accepted and ignored."""
+
+    @property
+    def function_tools(self) -> list[FunctionToolParam]:
+        """The function tools; tools of other types are not offered to the model."""
+        return [tool for tool in self.tools or [] if isinstance(tool, FunctionToolParam)]
 
     @field_validator("input", mode="before")
     @classmethod

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Discriminator, Field, Tag
 
 from app.protocol.base import ParamModel, WireModel
 from app.protocol.items import FunctionName
@@ -20,6 +20,26 @@ class FunctionToolParam(ParamModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+
+
+class UnsupportedToolParam(ParamModel):
+    """A tool of a type this server cannot run (hosted tools, Codex's ``custom`` or
+    ``namespace`` tools, vendor tools). Accepted so such clients work; the engine leaves
+    it out of what the model sees and logs that it did."""
+
+    model_config = ParamModel.model_config | {"extra": "allow"}
+    type: str
+
+
+def _tool_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
+
+
+ToolParam = Annotated[
+    Annotated[FunctionToolParam, Tag("function")] | Annotated[UnsupportedToolParam, Tag("unsupported")],
+    Discriminator(_tool_tag),
+]
 
 
 class SpecificFunctionParam(ParamModel):

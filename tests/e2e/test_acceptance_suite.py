@@ -5,9 +5,7 @@ would run it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
+from tests.acceptance import run_acceptance
 from tests.conftest import QWEN
 from tests.live import LiveServer
 
@@ -33,17 +31,7 @@ ACCEPTANCE_SUITE = {
 
 
 def test_all_17_acceptance_tests_pass_on_the_default_model(server: LiveServer) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", QWEN],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    verdicts = {}
-    for line in result.stdout.splitlines():
-        verdict, _, rest = line.partition(" ")
-        if verdict in ("PASS", "FAIL", "SKIP"):
-            verdicts[rest.split(":")[0].split()[0]] = verdict
+    verdicts, result = run_acceptance(f"{server.url}/v1", QWEN)
     assert set(verdicts) == ACCEPTANCE_SUITE, result.stdout + result.stderr
     failed = sorted(name for name, verdict in verdicts.items() if verdict != "PASS")
     assert not failed, result.stdout + result.stderr

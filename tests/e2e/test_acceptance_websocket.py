@@ -4,16 +4,12 @@ on the embedded test model, and on the scripted model (which answers instantly).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.acceptance import run_acceptance
 from tests.conftest import SMOL
 from tests.live import LiveServer
 
-REPOSITORY = Path(__file__).resolve().parents[2]
 WEBSOCKET_CHECKS = [
     "websocket-response",
     "websocket-sequential-responses",
@@ -27,19 +23,7 @@ WEBSOCKET_CHECKS = [
 
 @pytest.mark.parametrize("model", [SMOL, "scripted-text"])
 def test_every_websocket_check_passes(server: LiveServer, model: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "compliance", "--base-url", f"{server.url}/v1", "--model", model,
-         "--transport", "websocket"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=REPOSITORY,
-    )
-    verdicts = {}
-    for line in result.stdout.splitlines():
-        verdict, _, rest = line.partition(" ")
-        if verdict in ("PASS", "FAIL", "SKIP"):
-            verdicts[rest.split(":")[0]] = verdict
+    verdicts, result = run_acceptance(f"{server.url}/v1", model, "websocket")
     assert list(verdicts) == WEBSOCKET_CHECKS, result.stdout + result.stderr
     assert set(verdicts.values()) == {"PASS"}, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout + result.stderr

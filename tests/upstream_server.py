@@ -34,6 +34,9 @@ Behaviour of llama-cpp-python's server worth knowing (version 0.3.36):
 * With ``--interrupt_requests`` on (its default) a new request cuts the running stream short
   with ``[DONE]`` and no finish reason, so this helper turns it off: requests queue instead.
 * It stops generating for a client that disconnected (checked after every chunk).
+* Logprobs (``logprobs: true, top_logprobs: N``) need the model loaded with
+  ``logits_all``; its settings default to that, and this helper sets it explicitly. Entries
+  carry ``bytes: null``, and ``top_logprobs`` holds the sampled token besides the N best.
 """
 
 from __future__ import annotations
@@ -146,6 +149,7 @@ def running_llama_server(
             "--n_threads", str(n_threads),
             "--n_threads_batch", str(n_threads),
             "--interrupt_requests", "false",
+            "--logits_all", "true",
             "--use_mlock", "false",
             "--verbose", "false",
             *extra_args,

@@ -3,7 +3,7 @@
 A backend receives a :class:`GenerationRequest` (a backend-neutral conversation plus
 sampling and tool settings) and yields a stream of normalized deltas:
 
-    TextDelta        visible assistant text
+    TextDelta        visible assistant text (with its tokens' logprobs when asked)
     ReasoningDelta   raw reasoning text (never shown as output_text)
     ToolCallDelta    a piece of a function call; calls are told apart by ``index``
     Finish           exactly once, last: why generation stopped, and token usage
@@ -19,6 +19,11 @@ protocol. Contract for ``Backend.stream``:
   generation promptly and releases the model or the upstream connection.
 * For every call, the first ``ToolCallDelta`` of an ``index`` carries ``name`` and
   ``call_id`` (if the backend knows one); later ones carry argument text only.
+* Logprobs: when ``request.sampling.logprobs`` is set, each ``TextDelta`` carries the
+  :class:`TokenLogprob` of the tokens that produced its text, in order (possibly none, for
+  an upstream that sends none), each with ``sampling.top_logprobs`` alternatives. When it
+  is not set, ``TextDelta.logprobs`` stays empty and no per-token work is done. A backend
+  that cannot produce logprobs at all refuses the request in :meth:`Backend.check`.
 """
 
 from __future__ import annotations
@@ -92,6 +97,11 @@ class Sampling:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     top_logprobs: int | None = None
+    """Alternatives to report with each token's logprob (0-20), when ``logprobs`` is set."""
+    logprobs: bool = False
+    """Report each generated token's logprob on the ``TextDelta``s. Set for
+    ``include: ["message.output_text.logprobs"]``, and also for ``top_logprobs`` > 0
+    without it: asking for alternatives means asking for logprobs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +126,26 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log probability under the model, and the most likely alternatives at
+    its position (empty for an alternative itself, and when none were asked).
+
+    ``token`` is the token's text as it appears in the output: for a token that holds only
+    part of a multi-byte character it is empty (or the completed character, for the token
+    that completes it), so the tokens of a text concatenate to that text. ``token_bytes``
+    are the token's own bytes, whatever character boundaries they cut."""
+
+    token: str
+    logprob: float
+    token_bytes: bytes
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TextDelta:
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """The tokens of ``text``, in order; only when ``Sampling.logprobs`` asked for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +207,9 @@ class Backend(abc.ABC):
     async def check(self, request: GenerationRequest) -> None:
         """Raise ``InvalidRequest`` now for a request the backend will certainly refuse
         (e.g. a schema it cannot enforce), so the client gets a plain 400 before any
-        stream starts. Called by the engine before the response exists."""
+        stream starts. Called by the engine before the response exists. A backend that
+        cannot produce logprobs at all refuses ``sampling.logprobs`` here, with
+        ``param="include"``."""
 
     def context_window(self, model: str) -> int | None:
         """Tokens of context (input plus output) of ``model``, if known."""

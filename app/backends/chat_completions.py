@@ -37,6 +37,12 @@ assistant message's ``phase`` (``commentary`` / ``final_answer``) is forwarded a
 of the message, as OpenAI's own API carries it; servers that do not know it ignore it.
 Prior reasoning is not replayed unless ``replay_reasoning`` is set (as ``reasoning_content``;
 DeepSeek-style APIs reject it in some versions and require it in others).
+
+Logprobs (``sampling.logprobs``) are asked as ``logprobs: true, top_logprobs: N`` and read
+from ``choices[0].logprobs.content`` (:mod:`app.backends.chat_stream`). An upstream that
+refuses them with a 4xx naming logprobs is a 400 with ``param: "include"``; one that
+silently sends none leaves the text without logprobs (an empty list), logged once per
+response.
 """
 
 from __future__ import annotations
@@ -188,8 +194,9 @@ class ChatCompletionsBackend(Backend):
         """
         url = f"{self.base_url}/chat/completions"
         payload = self.payload(request)
+        top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         for attempt in (1, 2):
-            decoder = ChunkDecoder()
+            decoder = ChunkDecoder(top_logprobs=top_logprobs)
             try:
                 async with contextlib.aclosing(self._attempt(url, payload, request.model, decoder)) as deltas:
                     async for delta in deltas:
@@ -200,6 +207,9 @@ class ChatCompletionsBackend(Backend):
                     continue
                 raise
             break
+        if decoder.missing_logprobs:
+            logger.warning("the upstream at %s sent no logprobs for model %s although they were asked",
+                           url, request.model)
         yield decoder.finish()
 
     async def _attempt(
@@ -209,7 +219,9 @@ class ChatCompletionsBackend(Backend):
             async with self._http().stream("POST", url, json=payload, headers=self._stream_headers()) as response:
                 if not 200 <= response.status_code < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
-                    raise error_for_status(response.status_code, body, model=model, url=url)
+                    raise error_for_status(
+                        response.status_code, body, model=model, url=url, logprobs=bool(payload.get("logprobs"))
+                    )
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # A server that ignored ``stream: true`` and sent one whole completion.
                     for delta in decoder.feed_whole(await read_capped(response, None)):
@@ -252,6 +264,8 @@ class ChatCompletionsBackend(Backend):
             "response_format": self._response_format(request.output_format),
         }
         body.update({key: value for key, value in optional.items() if value is not None})
+        if sampling.logprobs:
+            body.update(logprobs=True, top_logprobs=sampling.top_logprobs or 0)
         return body
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:

@@ -34,6 +34,7 @@ ERROR_BODY_LIMIT = 64 * 1024
 ERROR_MESSAGE_LIMIT = 500
 _CONTEXT_OVERFLOW = re.compile(r"context (length|window)|maximum context|context size|too many tokens", re.I)
 _MODEL_MISSING = re.compile(r"model", re.I)
+_LOGPROBS = re.compile(r"logprob", re.I)
 
 
 
@@ -59,8 +60,12 @@ def upstream_errors(url: str) -> Iterator[None]:
         raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
 
 
-def error_for_status(status: int, body: bytes, *, model: str, url: str) -> ORSError:
+def error_for_status(status: int, body: bytes, *, model: str, url: str, logprobs: bool = False) -> ORSError:
     """The taxonomy error for an upstream HTTP answer that is not a success.
+
+    ``logprobs``: the request asked the upstream for logprobs. A 4xx refusal that names
+    them is the client's ``include`` (or ``top_logprobs``) the upstream cannot serve: a
+    400 with ``param: "include"``.
 
     The upstream's own message reaches the client only where it describes the client's
     request (4xx other than 401/403/429). Otherwise it is logged, not forwarded: auth and
@@ -85,6 +90,13 @@ def error_for_status(status: int, body: bytes, *, model: str, url: str) -> ORSEr
     if status == 503:
         return ModelError("The upstream model server is unavailable (HTTP 503).", code="upstream_unavailable")
     if 400 <= status < 500 and status != 404:
+        if logprobs and _LOGPROBS.search(detail):
+            return InvalidRequest(
+                f"The upstream model server cannot return logprobs for this request: {detail}. Remove "
+                "'message.output_text.logprobs' from include and set top_logprobs to 0.",
+                code="upstream_rejected",
+                param="include",
+            )
         return InvalidRequest(f"The upstream model server rejected the request: {detail}", code="upstream_rejected")
     return ModelError(f"The upstream model server failed (HTTP {status}).", code="upstream_error")
 

@@ -1,15 +1,33 @@
-"""Decoding an OpenAI-compatible Chat Completions stream into normalized deltas."""
+"""Decoding an OpenAI-compatible Chat Completions stream into normalized deltas.
+
+Logprobs, when asked (``ChunkDecoder(top_logprobs=N)``): each chunk's
+``choices[0].logprobs.content[]`` (``{token, logprob, bytes, top_logprobs}``) goes on the
+``TextDelta`` of that chunk's ``content``; the alternatives are sorted, most likely first,
+and cut to ``N`` (llama-cpp-python adds the sampled token to them); missing ``bytes``
+(llama-cpp-python sends ``null``) are the token's UTF-8. Logprobs of a chunk without
+content (a token that completes no character) go with the next content.
+"""
 
 from __future__ import annotations
 
 import codecs
 import json
+import math
 import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.backends.base import Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from app.backends.base import (
+    Delta,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 from app.backends.chat_errors import error_in_stream, json_object, json_or_text
 from app.errors import ModelError
 
@@ -119,7 +137,13 @@ class ChunkDecoder:
     string) are serialized.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, top_logprobs: int | None = None) -> None:
+        """``top_logprobs``: ``None`` when logprobs were not asked, else how many
+        alternatives to keep with each token (see the module docstring)."""
+        self.top_logprobs = top_logprobs
+        self.sent_text = False
+        self.sent_logprobs = False
+        self._held_logprobs: list[TokenLogprob] = []
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
         self.done = False
@@ -166,10 +190,11 @@ class ChunkDecoder:
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 if isinstance(reasoning, str) and reasoning:
                     deltas.append(ReasoningDelta(reasoning))
+                tokens = self._logprobs(choice, delta) if self.top_logprobs is not None else ()
                 for key in ("content", "refusal"):
                     text = _text(delta.get(key))
                     if text:
-                        deltas.append(TextDelta(text))
+                        deltas.append(TextDelta(text, tokens if key == "content" else ()))
                 for position, call in enumerate(delta.get("tool_calls") or ()):
                     if isinstance(call, dict):
                         deltas.extend(self._tool_call(call, position if whole else None))
@@ -177,6 +202,30 @@ class ChunkDecoder:
             if isinstance(reason, str) and reason:
                 self.finish_reason = _FINISH_REASONS.get(reason, "stop")
         return deltas
+
+    @property
+    def missing_logprobs(self) -> bool:
+        """Logprobs were asked and text came, but the upstream sent no logprobs with it."""
+        return self.top_logprobs is not None and self.sent_text and not self.sent_logprobs
+
+    def _logprobs(self, choice: Mapping[str, Any], delta: Mapping[str, Any]) -> tuple[TokenLogprob, ...]:
+        """The logprobs for this chunk's content: held ones first. Without content they
+        are held, unless the chunk carried reasoning (then they are the reasoning's)."""
+        raw = choice.get("logprobs")
+        entries = raw.get("content") if isinstance(raw, dict) else None
+        tokens = [
+            parsed
+            for entry in (entries if isinstance(entries, list) else ())
+            if (parsed := _token_logprob(entry, self.top_logprobs or 0)) is not None
+        ]
+        self.sent_logprobs = self.sent_logprobs or bool(tokens)
+        if not _text(delta.get("content")):
+            if not (delta.get("reasoning_content") or delta.get("reasoning")):
+                self._held_logprobs += tokens
+            return ()
+        self.sent_text = True
+        held, self._held_logprobs = self._held_logprobs, []
+        return (*held, *tokens)
 
     def finish(self) -> Finish:
         """The terminal delta. A ``stop`` after tool calls is reported as ``tool_calls``.
@@ -255,6 +304,29 @@ def _text(value: Any) -> str:
         texts = (part.get("text") for part in value if isinstance(part, dict))
         return "".join(text for text in texts if isinstance(text, str))
     return ""
+
+
+def _token_logprob(entry: Any, top: int) -> TokenLogprob | None:
+    """One ``logprobs.content[]`` entry (or one of its ``top_logprobs``), if well formed."""
+    if not isinstance(entry, dict):
+        return None
+    token, logprob = entry.get("token"), entry.get("logprob")
+    if not isinstance(token, str) or not isinstance(logprob, int | float) or isinstance(logprob, bool):
+        return None
+    raw = entry.get("bytes")
+    if isinstance(raw, list) and all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b < 256 for b in raw):
+        token_bytes = bytes(raw)
+    else:
+        token_bytes = token.encode("utf-8")
+    alternatives: list[TokenLogprob] = []
+    if top > 0 and isinstance(entry.get("top_logprobs"), list):
+        parsed = (_token_logprob(other, 0) for other in entry["top_logprobs"])
+        alternatives = sorted((other for other in parsed if other is not None), key=_rank)[:top]
+    return TokenLogprob(token, float(logprob), token_bytes, tuple(alternatives))
+
+
+def _rank(token: TokenLogprob) -> float:
+    return -token.logprob if math.isfinite(token.logprob) else math.inf
 
 
 def _count(value: Any) -> int:

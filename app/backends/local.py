@@ -8,6 +8,9 @@ Threads and cancellation, the contract in full:
   a time per model, the others wait their turn in FIFO order.
 * A generation runs on its own worker thread. Text pieces travel to the event loop through
   ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``; the event loop never blocks.
+  When logprobs are asked, the worker sends one :class:`_Token` per generated token
+  instead (its text, possibly empty, and its logprob), and nothing more is computed
+  otherwise.
 * The worker emits exactly one terminal item (``Finish`` or an ``ORSError``) as its very
   last act on the model. When the consumer closes the stream or its task is cancelled, a
   ``threading.Event`` asks the worker to stop; it checks the event before every prompt
@@ -19,6 +22,15 @@ Tools: every tool of the request is rendered into the prompt whatever the tool p
 (``prompting``); the default output parser turns the model's written calls into
 ``ToolCallDelta``s and enforces the policy, and a grammar forces a call when one is
 required (``toolcalls``).
+
+Logprobs (``sampling.logprobs``): the log-softmax of the logits row the token was sampled
+from (llama.cpp's last output row, read right after sampling, before the next decode; no
+``logits_all`` needed), so the model's own distribution, before temperature and grammar.
+The token's text is what the UTF-8 decoder made of it; its bytes and the alternatives' come
+from ``detokenize`` (alternatives with special tokens spelled out, e.g. an end-of-turn
+token). The output parser may hold back, merge or drop text, so the tokens are attributed
+to its emitted ``TextDelta``s afterwards by a ``LogprobLedger`` (``logprob_ledger``):
+exact where the text passes through unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from typing import Any, Protocol
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import llama_cpp  # noqa: E402
+import numpy as np  # noqa: E402
 from llama_cpp import Llama, LlamaGrammar  # noqa: E402
 
 from app.backends.base import (  # noqa: E402
@@ -49,10 +62,12 @@ from app.backends.base import (  # noqa: E402
     GenerationRequest,
     ModelInfo,
     TextDelta,
+    TokenLogprob,
     ToolCallDelta,
     ToolSpec,
     Usage,
 )
+from app.backends.logprob_ledger import LogprobLedger  # noqa: E402
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec  # noqa: E402
 from app.backends.prompting import ChatTemplate, output_grammar, prompt_messages, template_tools  # noqa: E402
 from app.backends.toolcalls import TAG_CLOSE, TAG_OPEN, call_shape, tool_call_grammar, tool_call_parser  # noqa: E402
@@ -103,6 +118,20 @@ class _Plan:
     """The request parameter the grammar was made from, named when llama.cpp rejects it."""
     max_tokens: int | None
     sampling: dict[str, float]
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Token:
+    """One generated token, sent by the worker when logprobs are asked: its text as the
+    UTF-8 decoder gave it (empty for a token that completes no character) and its logprob."""
+
+    text: str
+    logprob: TokenLogprob
+
+
+Emit = Callable[[str | _Token], None]
 
 
 class LocalModel:
@@ -150,8 +179,9 @@ class LocalModel:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
-    def generate(self, plan: _Plan, stop: threading.Event, emit: Callable[[str], None]) -> Finish:
-        """Generate on the calling thread, emitting text pieces; stop early once ``stop`` is set."""
+    def generate(self, plan: _Plan, stop: threading.Event, emit: Emit) -> Finish:
+        """Generate on the calling thread, emitting text pieces (or, when ``plan.logprobs``,
+        every token as a ``_Token``); stop early once ``stop`` is set."""
         llm = self.llm
         tokens = self.prompt_tokens(plan.messages, plan.tools)
         n_ctx = self.context_window
@@ -185,7 +215,11 @@ class LocalModel:
                 if stop.is_set() or self.is_end_of_generation(token):
                     break
                 produced += 1
-                if text := decoder.decode(llm.detokenize([token])):
+                piece = llm.detokenize([token])
+                if plan.logprobs:
+                    text = decoder.decode(piece)
+                    emit(_Token(text, self._logprob(token, text, piece, plan.top_logprobs)))
+                elif text := decoder.decode(piece):
                     emit(text)
                 if produced >= max_tokens:
                     reason = "length"
@@ -193,6 +227,23 @@ class LocalModel:
         finally:
             tokens_out.close()
         return Finish(reason, Usage(input_tokens=len(tokens), output_tokens=produced, cached_tokens=cached))
+
+    def _logprob(self, token: int, text: str, piece: bytes, top: int) -> TokenLogprob:
+        """``token``'s logprob from the logits row it was just sampled from (the context's
+        last output row, valid until the next decode), with ``top`` alternatives."""
+        llm = self.llm
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
+        logprobs = Llama.logits_to_logprobs(logits)
+        alternatives: tuple[TokenLogprob, ...] = ()
+        if top > 0:
+            best = np.argpartition(logprobs, -top)[-top:]
+            best = best[np.argsort(-logprobs[best], kind="stable")]
+            alternatives = tuple(self._alternative(int(other), float(logprobs[other])) for other in best)
+        return TokenLogprob(text, float(logprobs[token]), piece, alternatives)
+
+    def _alternative(self, token: int, logprob: float) -> TokenLogprob:
+        piece = self.llm.detokenize([token], special=True)
+        return TokenLogprob(piece.decode("utf-8", errors="replace"), logprob, piece)
 
     def close(self) -> None:
         self.llm.close()
@@ -232,15 +283,15 @@ class LocalModel:
 class _Generation:
     """One generation on a worker thread, its output handed over to the event loop.
 
-    The worker calls ``target(stop, emit)``; text passed to ``emit`` and then the terminal
-    item (the returned ``Finish`` or the raised error as an ``ORSError``) arrive in order
-    through ``next()``. The terminal item is emitted after ``target`` returns, so receiving
-    it means the worker is done with the model.
+    The worker calls ``target(stop, emit)``; the text pieces (or ``_Token``s) passed to
+    ``emit`` and then the terminal item (the returned ``Finish`` or the raised error as an
+    ``ORSError``) arrive in order through ``next()``. The terminal item is emitted after
+    ``target`` returns, so receiving it means the worker is done with the model.
     """
 
-    def __init__(self, name: str, target: Callable[[threading.Event, Callable[[str], None]], Finish]) -> None:
+    def __init__(self, name: str, target: Callable[[threading.Event, Emit], Finish]) -> None:
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[str | Finish | ORSError] = asyncio.Queue()
+        self._queue: asyncio.Queue[str | _Token | Finish | ORSError] = asyncio.Queue()
         self._stop = threading.Event()
         self._finished = False
         self._target = target
@@ -252,10 +303,10 @@ class _Generation:
     def stop(self) -> None:
         self._stop.set()
 
-    async def next(self) -> str | Finish:
-        """The next text piece or the final ``Finish``; raises the worker's error."""
+    async def next(self) -> str | _Token | Finish:
+        """The next text piece (or token) or the final ``Finish``; raises the worker's error."""
         item = await self._queue.get()
-        if not isinstance(item, str):
+        if not isinstance(item, str | _Token):
             self._finished = True
         if isinstance(item, ORSError):
             raise item
@@ -289,7 +340,7 @@ class _Generation:
         finally:
             self._emit(outcome)
 
-    def _emit(self, item: str | Finish | ORSError) -> None:
+    def _emit(self, item: str | _Token | Finish | ORSError) -> None:
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody listens any more
@@ -386,6 +437,7 @@ class LocalBackend(Backend):
         loaded = await self._loaded(slot)
         plan = self._plan(request, loaded)
         parser = self._output_parser(request, slot.spec)
+        ledger = LogprobLedger() if plan.logprobs else None
         async with slot.lock:
             generation = _Generation(
                 f"ors-generate-{slot.spec.id}", lambda stop, emit: loaded.generate(plan, stop, emit)
@@ -395,7 +447,16 @@ class LocalBackend(Backend):
                 called_tools = False
                 while True:
                     item = await generation.next()
-                    deltas = parser.close() if isinstance(item, Finish) else parser.feed(item)
+                    if isinstance(item, Finish):
+                        deltas = parser.close()
+                    elif isinstance(item, _Token):
+                        assert ledger is not None
+                        ledger.add(item.text, item.logprob)
+                        deltas = parser.feed(item.text) if item.text else []
+                    else:
+                        deltas = parser.feed(item)
+                    if ledger is not None:
+                        deltas = ledger.attribute(deltas)
                     for delta in deltas:
                         called_tools = called_tools or isinstance(delta, ToolCallDelta)
                         yield delta
@@ -435,6 +496,8 @@ class LocalBackend(Backend):
                 "presence_penalty": chosen.presence_penalty or 0.0,
                 "frequency_penalty": chosen.frequency_penalty or 0.0,
             },
+            logprobs=chosen.logprobs,
+            top_logprobs=chosen.top_logprobs or 0,
         )
 
     async def _loaded(self, slot: _Slot) -> LocalModel:

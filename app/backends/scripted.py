@@ -30,7 +30,7 @@ from app.backends.base import (
     ToolCallDelta,
     Usage,
 )
-from app.errors import ModelError, ModelNotFound, ORSError
+from app.errors import InvalidRequest, ModelError, ModelNotFound, ORSError
 
 ScriptFunction = Callable[[GenerationRequest], "Iterable[Delta] | Awaitable[Iterable[Delta]]"]
 
@@ -79,6 +79,16 @@ class ScriptedBackend(Backend):
 
     def serves(self, model: str) -> bool:
         return model in self.scripts
+
+    async def check(self, request: GenerationRequest) -> None:
+        """Scripts have no token probabilities: a request for logprobs is refused."""
+        if request.sampling.logprobs:
+            raise InvalidRequest(
+                f"The model '{request.model}' cannot return logprobs: remove "
+                "'message.output_text.logprobs' from include and set top_logprobs to 0.",
+                code="unsupported_include",
+                param="include",
+            )
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         self.requests.append(request)

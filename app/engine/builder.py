@@ -23,12 +23,20 @@ kind, or for another tool call, closes the open item before opening the next. Wi
 objects are never mutated after they are handed out: ``output_item.added`` carries a
 fresh zero-value item, and ``output_item.done`` the final one, which is the same object
 that goes into ``response.output``.
+
+Logprobs, only when the request asked for them (``logprobs=True``): each
+``response.output_text.delta`` carries the logprobs of the tokens of its delta (the
+``TextDelta``'s, possibly none), and ``response.output_text.done``, ``content_part.done``
+and the final ``output_text`` part carry the whole list of the message, in order. Logprobs
+that arrive with no text (a token that completes no character) go with the next delta.
+When not asked, no ``logprobs`` field appears anywhere and nothing is done per delta.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from app.backends.base import (
@@ -37,12 +45,13 @@ from app.backends.base import (
     FinishReason,
     ReasoningDelta,
     TextDelta,
+    TokenLogprob,
     ToolCallDelta,
 )
 from app.backends.base import Usage as BackendUsage
 from app.engine import ids
 from app.errors import ORSError
-from app.protocol.content import OutputText, ReasoningText
+from app.protocol.content import LogProb, OutputText, ReasoningText, TopLogProb
 from app.protocol.events import (
     ContentPartAdded,
     ContentPartDone,
@@ -101,6 +110,10 @@ class _OpenItem:
     call_id: str = ""
     name: str = ""
     tool_index: int = -1
+    logprobs: list[LogProb] = field(default_factory=list)
+    """Of a message, when asked: the logprobs of the streamed text so far."""
+    held_logprobs: list[LogProb] = field(default_factory=list)
+    """Logprobs that came with no text, for the next delta."""
 
 
 class ResponseBuilder:
@@ -117,17 +130,21 @@ class ResponseBuilder:
         error_events: bool = True,
         seal_reasoning: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.time,
+        logprobs: bool = False,
     ) -> None:
         """``response`` is the initial snapshot (status ``in_progress`` or ``queued``,
         empty output). ``error_events=False`` leaves the ``error`` event out before
         ``response.failed`` (the WebSocket rule). ``seal_reasoning`` turns reasoning text
-        into ``encrypted_content`` when the client asked for it."""
+        into ``encrypted_content`` when the client asked for it. ``logprobs``: the request
+        asked for logprobs (``GenerationRequest.sampling.logprobs``); see the module
+        docstring."""
         if response.status not in ("queued", "in_progress") or response.output:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
         self._error_events = error_events
         self._seal_reasoning = seal_reasoning
         self._clock = clock
+        self._logprobs = logprobs
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: _OpenItem | None = None
@@ -198,7 +215,7 @@ class ResponseBuilder:
     def feed(self, delta: Delta) -> list[StreamEvent]:
         """Apply one backend delta. ``Finish`` ends the response (see :meth:`finish`)."""
         if isinstance(delta, TextDelta):
-            return self._text(delta.text)
+            return self._text(delta)
         if isinstance(delta, ToolCallDelta):
             return self._tool_call(delta)
         if isinstance(delta, ReasoningDelta):
@@ -207,8 +224,10 @@ class ResponseBuilder:
             return self.finish(delta.reason, delta.usage)
         raise TypeError(f"not a delta: {delta!r}")
 
-    def _text(self, text: str) -> list[StreamEvent]:
-        return self._stream_text("message", self._open_message, OutputTextDelta, text)
+    def _text(self, delta: TextDelta) -> list[StreamEvent]:
+        if not self._logprobs:
+            return self._stream_text("message", self._open_message, OutputTextDelta, delta.text)
+        return self._stream_text("message", self._open_message, OutputTextDelta, delta.text, delta.logprobs)
 
     def _reasoning(self, text: str) -> list[StreamEvent]:
         return self._stream_text("reasoning", self._open_reasoning, ReasoningDeltaEvent, text)
@@ -219,9 +238,11 @@ class ResponseBuilder:
         open_item: Callable[[], list[StreamEvent]],
         delta_event: type[OutputTextDelta] | type[ReasoningDeltaEvent],
         text: str,
+        logprobs: Sequence[TokenLogprob] | None = None,
     ) -> list[StreamEvent]:
         """Append ``text`` to the open item of ``kind`` (its content part 0), opening one
-        first (and closing any other) when needed."""
+        first (and closing any other) when needed. ``logprobs`` (a message's, only when
+        asked) go on the delta event and into the item's list."""
         self._require_running()
         events: list[StreamEvent] = []
         item = self._open
@@ -230,6 +251,13 @@ class ResponseBuilder:
             events += open_item()
             item = self._open
             assert item is not None
+        extra: dict[str, list[LogProb]] = {}
+        if logprobs is not None:
+            item.held_logprobs += _wire_logprobs(logprobs)
+            if text:
+                carried, item.held_logprobs = item.held_logprobs, []
+                item.logprobs += carried
+                extra["logprobs"] = carried
         if text:
             item.chunks.append(text)
             events.append(
@@ -240,6 +268,7 @@ class ResponseBuilder:
                         output_index=item.output_index,
                         content_index=0,
                         delta=text,
+                        **extra,
                     )
                 )
             )
@@ -294,7 +323,7 @@ class ResponseBuilder:
                     item_id=item.item_id,
                     output_index=item.output_index,
                     content_index=0,
-                    part=OutputText(text=""),
+                    part=OutputText(text="", logprobs=[] if self._logprobs else None),
                 )
             ),
         ]
@@ -359,15 +388,19 @@ class ResponseBuilder:
         return self._close_reasoning(item, text, status)
 
     def _close_message(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
-        part = OutputText(text=text)
+        part = self._output_text(item, text)
         final = Message(id=item.item_id, status=status, role="assistant", content=[part])  # type: ignore[arg-type]
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
-            self._number(OutputTextDone(sequence_number=0, text=text, **common)),  # type: ignore[arg-type]
+            self._number(OutputTextDone(sequence_number=0, text=text, logprobs=part.logprobs, **common)),  # type: ignore[arg-type]
             self._number(ContentPartDone(sequence_number=0, part=part, **common)),  # type: ignore[arg-type]
             self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
         ]
+
+    def _output_text(self, item: _OpenItem, text: str) -> OutputText:
+        """A message's final part; logprobs that never got text are left out."""
+        return OutputText(text=text, logprobs=list(item.logprobs) if self._logprobs else None)
 
     def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[StreamEvent]:
         final = FunctionCall(
@@ -471,7 +504,8 @@ class ResponseBuilder:
         self._open = None
         text = "".join(item.chunks)
         if item.kind == "message":
-            return [Message(id=item.item_id, status="incomplete", role="assistant", content=[OutputText(text=text)])]
+            part = self._output_text(item, text)
+            return [Message(id=item.item_id, status="incomplete", role="assistant", content=[part])]
         if item.kind == "function_call":
             return [
                 FunctionCall(
@@ -483,6 +517,29 @@ class ResponseBuilder:
     def cancel(self) -> list[StreamEvent]:
         """Stop at the client's request (background cancel): ``cancelled``."""
         return self.stop("cancelled", status="cancelled")
+
+
+_FLOOR = -9999.0
+"""The logprob reported for a token the model deems impossible (JSON has no -inf)."""
+
+
+def _wire_logprobs(tokens: Sequence[TokenLogprob]) -> list[LogProb]:
+    return [
+        LogProb(
+            token=token.token,
+            logprob=_finite(token.logprob),
+            bytes=list(token.token_bytes),
+            top_logprobs=[
+                TopLogProb(token=top.token, logprob=_finite(top.logprob), bytes=list(top.token_bytes))
+                for top in token.top
+            ],
+        )
+        for token in tokens
+    ]
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else _FLOOR
 
 
 def _usage(usage: BackendUsage | None) -> Usage | None:

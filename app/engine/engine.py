@@ -129,6 +129,7 @@ class Engine:
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 top_logprobs=body.top_logprobs,
+                logprobs="message.output_text.logprobs" in (body.include or []) or bool(body.top_logprobs),
             ),
             output_format=_output_format(body),
             reasoning_effort=body.reasoning.effort if body.reasoning else None,

@@ -92,7 +92,9 @@ class Turn:
         self.store = store
         self.input_items = input_items
         self.tools = tools
-        self.builder = ResponseBuilder(initial, error_events=error_events, seal_reasoning=seal_reasoning)
+        self.builder = ResponseBuilder(
+            initial, error_events=error_events, seal_reasoning=seal_reasoning, logprobs=request.sampling.logprobs
+        )
         self.error: ORSError | None = None
         self.emitted: list[Emitted] = []
         self._grew = asyncio.Event()

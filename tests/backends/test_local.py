@@ -4,6 +4,7 @@ import asyncio
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -248,6 +249,22 @@ async def test_split_characters_are_never_emitted_broken(smollm2: LocalBackend) 
     deltas = await collect(smollm2, ask("Repeat exactly: 🙂 🎉 😀", max_tokens=48))
 
     assert "\ufffd" not in text_of(deltas)
+
+
+async def test_logprobs_come_with_the_text_of_their_tokens_only_when_asked(smollm2: LocalBackend) -> None:
+    """Emojis are several tokens each; every delta still carries exactly its tokens."""
+    prompt = "Repeat exactly: 🙂 🎉 café"
+    asked = ask(prompt, max_tokens=32)
+    asked = replace(asked, sampling=replace(asked.sampling, logprobs=True, top_logprobs=2))
+    texts = [d for d in await collect(smollm2, asked) if isinstance(d, TextDelta)]
+    assert texts
+    for delta in texts:
+        assert delta.logprobs and "".join(t.token for t in delta.logprobs) == delta.text
+        assert all(t.logprob <= 0 and len(t.top) == 2 and t.top[0].logprob >= t.top[1].logprob for t in delta.logprobs)
+    assert b"".join(t.token_bytes for d in texts for t in d.logprobs) == "".join(d.text for d in texts).encode()
+
+    plain = await collect(smollm2, ask(prompt, max_tokens=32))
+    assert all(d.logprobs == () for d in plain if isinstance(d, TextDelta))
 
 
 async def test_the_output_parser_decides_what_the_text_means(tmp_path: Path) -> None:

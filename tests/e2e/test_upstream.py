@@ -98,3 +98,29 @@ def test_without_upstream_unknown_models_are_404(tmp_path: Path) -> None:
         assert error["code"] == "model_not_found"
     finally:
         server.stop()
+
+
+def test_logprobs_through_the_upstream(fronted: LiveServer) -> None:
+    """llama-cpp-python's server returns logprobs (its ``logits_all`` defaults to on),
+    with ``bytes: null`` and the sampled token among the alternatives: the adapter fills
+    the bytes in and keeps the ``top_logprobs`` most likely alternatives, sorted."""
+    client = Client(fronted.url)
+    asked = {"include": ["message.output_text.logprobs"], "top_logprobs": 2, "max_output_tokens": 16}
+    response = client.create(model=UPSTREAM_MODEL, input="Say hello.", **asked)
+    result = client.stream(model=UPSTREAM_MODEL, input="Count to three.", **asked)
+    deltas = [e for e in result.events if e["type"] == "response.output_text.delta"]
+    assert deltas and all("".join(lp["token"] for lp in e["logprobs"]) == e["delta"] for e in deltas)
+    parts = [
+        part
+        for final in (response, result.final)
+        for item in final["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    ]
+    assert parts and all(part["logprobs"] for part in parts)
+    for part in parts:
+        assert "".join(lp["token"] for lp in part["logprobs"]) == part["text"]
+        for lp in part["logprobs"]:
+            assert lp["logprob"] <= 0 and bytes(lp["bytes"]) == lp["token"].encode("utf-8")
+            alternatives = [alternative["logprob"] for alternative in lp["top_logprobs"]]
+            assert len(alternatives) == 2 and alternatives == sorted(alternatives, reverse=True)

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from app.backends.base import Finish, ReasoningDelta, TextDelta, ToolCallDelta, Usage
+from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
 from app.engine.builder import IllegalTransition, ResponseBuilder
 from app.engine.echo import initial_response
 from app.errors import ModelError
@@ -121,3 +121,70 @@ def test_output_items_are_not_mutated_after_they_are_sent() -> None:
     builder.feed(TextDelta("y"))
     builder.feed(Finish("stop"))
     assert added[2].model_dump_json() == snapshot
+
+
+# ---------------------------------------------------------------- logprobs
+
+
+def _logprob_builder(*, logprobs: bool) -> ResponseBuilder:
+    body = CreateResponseBody.model_validate({"model": "m", "input": "hi"})
+    return ResponseBuilder(initial_response(body, response_id="resp_test", model="m"), logprobs=logprobs)
+
+
+def _lp(token: str, logprob: float, *top: TokenLogprob) -> TokenLogprob:
+    return TokenLogprob(token, logprob, token.encode(), top)
+
+
+def test_logprobs_go_on_the_deltas_the_done_events_and_the_part() -> None:
+    alternative = _lp("Hey", -1.5)
+    events = _run(
+        _logprob_builder(logprobs=True),
+        TextDelta("Hi", (_lp("Hi", -0.25, alternative),)),
+        TextDelta("", (_lp("", -0.5),)),  # a token that completed no character
+        TextDelta(" there", (_lp(" there", float("-inf")),)),
+        Finish("stop"),
+    )
+    final = check_stream([*events, "[DONE]"])
+    deltas = [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [
+        [{"token": "Hi", "logprob": -0.25, "bytes": [72, 105],
+          "top_logprobs": [{"token": "Hey", "logprob": -1.5, "bytes": [72, 101, 121]}]}],
+        [{"token": "", "logprob": -0.5, "bytes": [], "top_logprobs": []},
+         {"token": " there", "logprob": -9999.0, "bytes": list(b" there"), "top_logprobs": []}],
+    ]  # fmt: skip
+    whole = deltas[0] + deltas[1]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    [part_done] = [e for e in events if e["type"] == "response.content_part.done"]
+    [part_added] = [e for e in events if e["type"] == "response.content_part.added"]
+    assert done["logprobs"] == part_done["part"]["logprobs"] == whole
+    assert part_added["part"]["logprobs"] == []
+    assert final["output"][0]["content"][0]["logprobs"] == whole
+
+
+def test_asked_but_none_sent_is_an_empty_list() -> None:
+    events = _run(_logprob_builder(logprobs=True), TextDelta("Hi"), Finish("stop"))
+    final = check_stream([*events, "[DONE]"])
+    assert [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"] == [[]]
+    assert final["output"][0]["content"][0]["logprobs"] == []
+
+
+def test_without_asking_no_logprobs_field_anywhere() -> None:
+    events = _run(_logprob_builder(logprobs=False), TextDelta("Hi", (_lp("Hi", -0.25),)), Finish("stop"))
+    check_stream([*events, "[DONE]"])
+    assert "logprobs" not in _keys(events)
+
+
+def _keys(value: object) -> set[str]:
+    if isinstance(value, dict):
+        return set(value) | {key for inner in value.values() for key in _keys(inner)}
+    if isinstance(value, list):
+        return {key for inner in value for key in _keys(inner)}
+    return set()
+
+
+def test_a_failed_response_keeps_the_partial_logprobs() -> None:
+    builder = _logprob_builder(logprobs=True)
+    events = builder.start() + builder.feed(TextDelta("half", (_lp("half", -0.1),)))
+    events += builder.fail(ModelError("boom"))
+    final = check_stream([*_wire(events), "[DONE]"])
+    assert [lp["token"] for lp in final["output"][0]["content"][0]["logprobs"]] == ["half"]

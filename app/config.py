@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
+
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
 
@@ -45,6 +47,12 @@ class Settings(BaseSettings):
 
     foreign_items: Literal["reject", "drop"] = "reject"
     """What to do with vendor-prefixed input items of other implementations."""
+    gate_unknown_tool: Literal["accept", "reject"] = "accept"
+    """The replay gate and an output answering a call of a tool that neither the request
+    nor its chain defines: accept it (logged; no schema to check the arguments against)
+    or refuse it (400 ``unknown_tool``)."""
+    max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
+    """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
     log_level: str = "info"
 
     @field_validator("api_keys", "preload_models", "upstream_models", mode="before")

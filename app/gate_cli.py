@@ -9,11 +9,12 @@ tool definitions, or an object with a ``tools`` array.
 Prints one line per ``function_call`` and ``function_call_output``, and one per other
 finding (a Chat Completions message, a non-object entry, a tool whose schema is invalid):
 ``<path> <kind> [<call_id>] [<name>] ok`` or ``... <reason>: <message>``; then a summary
-on standard error. The checks are the server's, so a call to a function that no tool
-defines fails ``unknown_tool``: there is no switch to skip that check, pass the tools
-instead. Also, unlike the server, a failing ``function_call`` fails the log even when
-nothing answers it. Exit status: 0 when every line is ``ok``, 1 when a check fails, 2
-when a file cannot be read.
+on standard error. The checks are the server's. A call to a function that no tool
+defines is reported as ``unknown_tool`` either way; with ``--unknown-tool accept`` (the
+server's default, ``ORS_GATE_UNKNOWN_TOOL``) the line reads ``unknown_tool (accepted)``
+and does not fail the log, with ``--unknown-tool reject`` it does. Unlike the server, a
+failing ``function_call`` fails the log even when nothing answers it. Exit status: 0
+when every line is ``ok`` or accepted, 1 when a check fails, 2 when a file cannot be read.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from app.engine.gate import Finding, check_items
+from app.engine.gate import Finding, UnknownToolPolicy, check_items
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -39,13 +40,20 @@ class Unreadable(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("log", metavar="LOG", help="JSON array, JSONL, request or response of items ('-' for stdin)")
     parser.add_argument("--tools", metavar="TOOLS.json", help="JSON array of function tool definitions")
+    parser.add_argument(
+        "--unknown-tool", choices=("accept", "reject"), default="accept",
+        help="a call of a function no tool defines: reported and accepted (default, as the server's "
+             "ORS_GATE_UNKNOWN_TOOL), or reported as a failure",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return check_log(args.log, args.tools, out=sys.stdout, err=sys.stderr)
+    return check_log(args.log, args.tools, out=sys.stdout, err=sys.stderr, unknown_tool=args.unknown_tool)
 
 
-def check_log(log: str, tools_file: str | None, *, out: TextIO, err: TextIO) -> int:
+def check_log(
+    log: str, tools_file: str | None, *, out: TextIO, err: TextIO, unknown_tool: UnknownToolPolicy = "accept"
+) -> int:
     """Check ``log`` against the tools of ``tools_file`` (or the log's own), print the
     findings to ``out`` and the summary to ``err``; the exit status."""
     try:
@@ -54,10 +62,11 @@ def check_log(log: str, tools_file: str | None, *, out: TextIO, err: TextIO) -> 
     except Unreadable as exc:
         print(f"ors gate: {exc}", file=err)
         return EXIT_UNREADABLE
-    findings = check_items(items, tools=tools, paths=paths)
+    findings = check_items(items, tools=tools, paths=paths, unknown_tool=unknown_tool)
+    accept = unknown_tool == "accept"
     for finding in findings:
-        print(format_finding(finding), file=out)
-    failed = sum(1 for finding in findings if not finding.ok)
+        print(format_finding(finding, accepted=accept and finding.undefined_tool), file=out)
+    failed = sum(1 for finding in findings if not finding.ok and not (accept and finding.undefined_tool))
     if not findings:
         print("ors gate: no function calls or outputs to check", file=err)
     else:
@@ -65,10 +74,11 @@ def check_log(log: str, tools_file: str | None, *, out: TextIO, err: TextIO) -> 
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def format_finding(finding: Finding) -> str:
+def format_finding(finding: Finding, *, accepted: bool = False) -> str:
     words = [finding.param, finding.kind]
     words += [word for word in (finding.call_id, finding.name) if word]
-    verdict = "ok" if finding.ok else f"{finding.reason}: {' '.join(finding.message.split())}"
+    reason = f"{finding.reason} (accepted)" if accepted else str(finding.reason)
+    verdict = "ok" if finding.ok else f"{reason}: {' '.join(finding.message.split())}"
     return f"{' '.join(words)} {verdict}"
 
 

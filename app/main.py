@@ -65,7 +65,12 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     the scripted backend); they are started and closed with the app, and so is the
     response store."""
     chosen = list(backends) if backends is not None else default_backends(settings)
-    engine = Engine(ModelRouter(chosen, settings.default_model), foreign_items=settings.foreign_items)
+    engine = Engine(
+        ModelRouter(chosen, settings.default_model),
+        foreign_items=settings.foreign_items,
+        gate_unknown_tool=settings.gate_unknown_tool,
+        max_image_bytes=settings.max_image_bytes,
+    )
     live = LiveTurns()
     drain = Drain()
 

@@ -54,6 +54,10 @@ def scripted_backend() -> ScriptedBackend:
                 ToolCallDelta(0, arguments=' "Paris"}'),
                 Finish("tool_calls", Usage(7, 5)),
             ],
+            "scripted-tool-cut": [
+                ToolCallDelta(0, name="get_weather", arguments='{"city": "Par'),
+                Finish("length", Usage(7, 16)),
+            ],
             "scripted-empty": [Finish("stop", Usage(3, 0))],
             "scripted-slow": Script(text_script(*["tick "] * 400), delay=0.05),
         }

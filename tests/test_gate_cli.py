@@ -83,8 +83,16 @@ def test_a_clean_log_passes(tmp_path: Path) -> None:
     ]
 
 
-def test_without_tools_every_call_is_an_unknown_tool(tmp_path: Path) -> None:
+def test_without_tools_every_call_is_reported_as_an_unknown_tool_and_accepted(tmp_path: Path) -> None:
     result = ors_gate(write_json(tmp_path / "log.json", GOOD))
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("input[1] function_call call_abc get_weather unknown_tool (accepted): ")
+    assert lines[1].startswith("input[2] function_call_output call_abc unknown_tool (accepted): ")
+
+
+def test_unknown_tool_reject_fails_the_log(tmp_path: Path) -> None:
+    result = ors_gate(write_json(tmp_path / "log.json", GOOD), "--unknown-tool", "reject")
     assert result.returncode == 1
     assert result.stdout.splitlines()[0].startswith("input[1] function_call call_abc get_weather unknown_tool: ")
 
@@ -144,7 +152,7 @@ def test_unreadable_inputs(tmp_path: Path) -> None:
 
 def test_the_module_runs_on_its_own(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "app.gate_cli", write_json(tmp_path / "log.json", GOOD)],
+        [sys.executable, "-m", "app.gate_cli", write_json(tmp_path / "log.json", GOOD), "--unknown-tool", "reject"],
         capture_output=True, text=True, timeout=60, check=False,
     )
     assert result.returncode == 1 and "unknown_tool" in result.stdout

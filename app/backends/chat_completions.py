@@ -196,7 +196,7 @@ class ChatCompletionsBackend(Backend):
         payload = self.payload(request)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         for attempt in (1, 2):
-            decoder = ChunkDecoder(top_logprobs=top_logprobs)
+            decoder = ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs)
             try:
                 async with contextlib.aclosing(self._attempt(url, payload, request.model, decoder)) as deltas:
                     async for delta in deltas:

@@ -119,6 +119,7 @@ class _ToolCallState:
     name: str | None = None
     announced: bool = False
     held_arguments: list[str] = field(default_factory=list)
+    arguments: list[str] = field(default_factory=list)
 
 
 class ChunkDecoder:
@@ -135,15 +136,21 @@ class ChunkDecoder:
     Argument text that arrives before the name is held back, so the first ``ToolCallDelta``
     of every call carries name and ``call_id``; arguments sent as a JSON object (not a
     string) are serialized.
+
+    ``max_output_tokens`` is the budget the request gave the upstream. Some servers
+    (llama-cpp-python) report ``tool_calls`` for a call that the budget cut short; a final
+    call whose arguments are not complete JSON, when a budget was set and the usage (if
+    sent) shows it spent, is reported as ``length``, which is what happened.
     """
 
-    def __init__(self, *, top_logprobs: int | None = None) -> None:
+    def __init__(self, max_output_tokens: int | None = None, *, top_logprobs: int | None = None) -> None:
         """``top_logprobs``: ``None`` when logprobs were not asked, else how many
         alternatives to keep with each token (see the module docstring)."""
         self.top_logprobs = top_logprobs
         self.sent_text = False
         self.sent_logprobs = False
         self._held_logprobs: list[TokenLogprob] = []
+        self.max_output_tokens = max_output_tokens
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
         self.done = False
@@ -243,7 +250,20 @@ class ChunkDecoder:
         reason = self.finish_reason or "stop"
         if reason == "stop" and self._calls:
             reason = "tool_calls"
+        if reason == "tool_calls" and self._last_call_cut_by_budget():
+            reason = "length"
         return Finish(reason=reason, usage=self.usage)
+
+    def _last_call_cut_by_budget(self) -> bool:
+        if self.max_output_tokens is None or not self._calls:
+            return False
+        if self.usage is not None and self.usage.output_tokens < self.max_output_tokens:
+            return False
+        try:
+            json.loads("".join(self._calls[-1].arguments))
+        except ValueError:
+            return True
+        return False
 
     def _tool_call(self, call: Mapping[str, Any], default_index: int | None) -> list[Delta]:
         function = call.get("function") if isinstance(call.get("function"), dict) else {}
@@ -267,7 +287,9 @@ class ChunkDecoder:
             state.announced = True
             text = "".join(state.held_arguments) + arguments
             state.held_arguments.clear()
+            state.arguments.append(text)
             return [ToolCallDelta(index=state.index, name=state.name, arguments=text, call_id=state.upstream_id)]
+        state.arguments.append(arguments)
         return [ToolCallDelta(index=state.index, arguments=arguments)] if arguments else []
 
     def _locate(self, index: int | None, call_id: str | None, name: str | None) -> _ToolCallState:

@@ -31,8 +31,10 @@ between a kept call and the text around it is left out; of the whitespace around
 dropped call, only what came before it is kept.
 
 **When a call is required** the grammar below lets the model write calls only, so any
-text the parser is left with is a call cut short (by ``max_output_tokens``): it is dropped
-and logged, not shown.
+text the parser is left with at the end is a call cut short (by ``max_output_tokens``).
+Once its name is written it is emitted as that call with its arguments as far as they
+got (possibly unfinished JSON): the engine then closes it ``incomplete`` with the
+response (``app.engine.tools``). Anything shorter is dropped and logged, not shown.
 
 **When nothing can be called** (``tool_choice: none``, no tools, or structured output
 forced by ``text.format`` while no call is required) the parser passes all text through.
@@ -82,6 +84,8 @@ MAX_FORCED_CALLS = 8
 
 _WAIT = object()
 _LABEL_CHARS = re.compile(r"[A-Za-z_]*")
+_CUT_CALL_HEAD = re.compile(r'\s*(?:<tool_call>\s*)?(?P<object>\{)\s*"name"\s*:\s*"(?P<name>[^"\\]*)"')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"arguments"\s*:\s*')
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +120,26 @@ class ToolCallParser:
     def close(self) -> list[Delta]:
         if self._passthrough:
             return []
+        if self._forced and (cut := self._cut_call()) is not None:
+            return cut
         return self._advance(final=True)
+
+    def _cut_call(self) -> list[Delta] | None:
+        """A forced call that generation stopped in the middle of, as a call with the
+        arguments written so far; ``None`` when the buffer holds no such call."""
+        head = _CUT_CALL_HEAD.match(self._buffer)
+        if head is None or _object_end(self._buffer, head.start("object")) is not None:
+            return None
+        name = head.group("name")
+        if name not in self._offered or self._refusal(name) is not None:
+            return None
+        rest = self._buffer[head.end() :]
+        separator = _ARGUMENTS_KEY.match(rest)
+        arguments = rest[separator.end() :] if separator else ""
+        self._buffer = ""
+        out: list[Delta] = [ToolCallDelta(index=self._calls, name=name, arguments=arguments)]
+        self._calls += 1
+        return out
 
     def _advance(self, final: bool) -> list[Delta]:
         out: list[Delta] = []

@@ -8,7 +8,7 @@ HTTP error or a WebSocket error envelope):
 2. the replay gate checks the input exactly as sent, so its reasons win over generic
    validation errors;
 3. the body is validated into protocol models; the model id is resolved;
-4. input items are checked (extension items, compaction blobs) and the context is
+4. input items are checked (images, extension items, compaction blobs) and the context is
    assembled, then fitted to the model's window (``truncation``);
 5. the backend checks what it can refuse now (e.g. a schema it cannot enforce).
 """
@@ -24,8 +24,9 @@ from app.engine import ids
 from app.engine.compaction import compaction_context
 from app.engine.context import build_messages
 from app.engine.echo import initial_response
-from app.engine.gate import gate
+from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History, HistorySource
+from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
 from app.engine.items import stored_form
 from app.engine.models import ModelRouter
 from app.engine.sealing import Sealer, SealError
@@ -53,12 +54,18 @@ class Engine:
         sealer: Sealer | None = None,
         *,
         foreign_items: str = "reject",
+        gate_unknown_tool: UnknownToolPolicy = "accept",
+        max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
     ) -> None:
         self.router = router
         self.store = store
         self.sealer = sealer
         self.foreign_items = foreign_items
         """``reject`` (400 ``namespaced``) or ``drop`` (logged) other vendors' items."""
+        self.gate_unknown_tool = gate_unknown_tool
+        """Whether the replay gate refuses an answer to a call of an undefined tool."""
+        self.max_image_bytes = max_image_bytes
+        """The largest image a data URL may carry, decoded."""
 
     async def prepare(
         self,
@@ -84,8 +91,10 @@ class Engine:
             history=past.stored_items,
             tools=raw_tools if isinstance(raw_tools, list) else [],
             history_tools=past.tools,
+            unknown_tool=self.gate_unknown_tool,
         )
         body = parse_body(CreateResponseBody, data)
+        await check_images(body.input, max_bytes=self.max_image_bytes)
         model, backend = self.router.resolve(body.model)
         for index, tool in enumerate(body.tools or []):
             if not isinstance(tool, FunctionToolParam):

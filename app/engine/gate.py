@@ -22,16 +22,23 @@ already has an output after it; a reused ``call_id`` thus starts afresh.
                        may carry truncated arguments and must never be answered
 ``arguments_type``     the call's ``arguments`` is not a string
 ``arguments_parse``    ... is not valid JSON
+``arguments_schema``   ... is not a JSON object (function arguments always are one)
 ``unknown_tool``       the call's ``name`` is defined neither in ``tools`` nor in
                        ``history_tools``: the chain's tools count for calls found in
                        ``items`` as well as for calls found in ``history``; a definition in
                        ``tools`` wins over the chain's, and the chain's latest wins
-``arguments_schema``   the arguments are not a JSON object, or fail the tool's
-                       ``parameters`` (JSON Schema Draft 2020-12); no ``parameters`` means
-                       any object passes
+``arguments_schema``   the arguments fail the tool's ``parameters`` (JSON Schema Draft
+                       2020-12); no ``parameters`` means any object passes
 ``invalid_tool_schema`` the tool's ``parameters`` cannot be used to check (not a valid
                        schema, or a ``$ref`` that does not resolve: remote references are
                        never fetched)
+
+**A call of a tool nobody defined.** The spec asks only that an output answer a call in
+the context; a client may replay a whole tool loop as history without sending its tools.
+Such a call has no schema to hold its arguments to, so by default (``unknown_tool=
+"accept"``) its ``unknown_tool`` finding does not block (``blocking`` is false) and the
+server logs it; ``unknown_tool="reject"`` (``ORS_GATE_UNKNOWN_TOOL=reject``) refuses it.
+Every structural check above it still blocks either way.
 
 **Other findings.** ``not_an_item`` (an entry of ``input`` that is not a JSON object);
 ``chat_completions_envelope`` (a message with ``tool_calls``, a ``role: "tool"`` or
@@ -49,11 +56,12 @@ work is linear in the number of items; compiled validators are cached by schema.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
@@ -63,6 +71,9 @@ from referencing.exceptions import NoSuchResource, Unresolvable
 from app.errors import InvalidRequest
 
 JSON = Mapping[str, Any]
+UnknownToolPolicy = Literal["accept", "reject"]
+
+log = logging.getLogger("ors.gate")
 
 CHAIN = "in the previous_response_id chain"
 """Where a call found in ``history`` is said to be."""
@@ -109,6 +120,9 @@ class Finding:
     call_id: str | None = None
     name: str | None = None
     blocking: bool = True
+    undefined_tool: bool = False
+    """An ``unknown_tool`` failure of a well-formed call: the unknown-tool policy decides
+    whether it blocks (see the module docstring)."""
 
     @property
     def ok(self) -> bool:
@@ -129,12 +143,19 @@ def gate(
     history: Iterable[JSON] = (),
     tools: Iterable[Any] = (),
     history_tools: Iterable[Any] = (),
+    unknown_tool: UnknownToolPolicy = "accept",
 ) -> None:
     """Raise ``InvalidRequest`` (``code`` = the reason, ``param`` = the path) for the first
-    blocking failure of ``check_items``; return when the request may go on."""
-    for finding in check_items(items, history=history, tools=tools, history_tools=history_tools):
+    blocking failure of ``check_items``; return when the request may go on. An accepted
+    output that answers a call of an undefined tool is logged."""
+    findings = check_items(items, history=history, tools=tools, history_tools=history_tools,
+                           unknown_tool=unknown_tool)
+    for finding in findings:
         if not finding.ok and finding.blocking:
             raise InvalidRequest(finding.message, code=str(finding.reason), param=finding.param)
+    for finding in findings:
+        if finding.reason == Reason.UNKNOWN_TOOL and finding.kind == "function_call_output":
+            log.info("replay gate accepted %s (%s): %s", finding.param, finding.reason, finding.message)
 
 
 def check_items(
@@ -144,17 +165,19 @@ def check_items(
     tools: Iterable[Any] = (),
     history_tools: Iterable[Any] = (),
     paths: Sequence[str] | None = None,
+    unknown_tool: UnknownToolPolicy = "accept",
 ) -> list[Finding]:
     """Every finding, passes included, for the request's ``input`` (``items``, as sent; a
     string or ``None`` has nothing to check). ``history``: the chain's items, oldest first.
     ``tools``: this request's tool definitions; ``history_tools``: those the chain's
-    responses offered, oldest first. ``paths`` names each item (default ``input[i]``)."""
+    responses offered, oldest first. ``paths`` names each item (default ``input[i]``).
+    ``unknown_tool``: whether an output answering a call of an undefined tool blocks."""
     if items is None or isinstance(items, str):
         return []
     items = list(items)
     names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]
     toolbox = _Toolbox(tools, history_tools)
-    walk = _Walk(items, names, history, toolbox)
+    walk = _Walk(items, names, history, toolbox, block_unknown_tool=unknown_tool == "reject")
     return [*toolbox.findings, *walk.findings()]
 
 
@@ -250,6 +273,8 @@ class _Problem:
     reason: Reason
     text: str
     """A sentence that follows the subject (``The function_call ... has status ...``)."""
+    undefined_tool: bool = False
+    """The call is well formed but names a tool nothing defines (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,10 +286,14 @@ class _Located:
 class _Walk:
     """One pass over ``items``, indexing calls by ``call_id`` as it goes."""
 
-    def __init__(self, items: list[Any], paths: list[str], history: Iterable[JSON], toolbox: _Toolbox) -> None:
+    def __init__(
+        self, items: list[Any], paths: list[str], history: Iterable[JSON], toolbox: _Toolbox,
+        *, block_unknown_tool: bool,
+    ) -> None:
         self.items = items
         self.paths = paths
         self.toolbox = toolbox
+        self.block_unknown_tool = block_unknown_tool
         self.chain_calls: dict[str, JSON] = {}
         self.chain_answered: set[str] = set()
         for item in history:
@@ -379,8 +408,9 @@ class _Walk:
                 "function_call this output answers.",
                 call_id,
             )
-        return _finding(index, param, "function_call_output", self.call_problem(called.item), subject,
-                        call_id=call_id)
+        problem = self.call_problem(called.item)
+        blocking = problem is None or not problem.undefined_tool or self.block_unknown_tool
+        return _finding(index, param, "function_call_output", problem, subject, call_id=call_id, blocking=blocking)
 
     def find_call(self, call_id: str) -> _Located | None:
         if call_id in self.seen_calls:
@@ -403,7 +433,8 @@ def _finding(
 ) -> Finding:
     if problem is None:
         return Finding(index, param, kind, Reason.OK, call_id=call_id, name=name, blocking=blocking)
-    return Finding(index, param, kind, problem.reason, f"{subject} {problem.text}", call_id, name, blocking)
+    return Finding(index, param, kind, problem.reason, f"{subject} {problem.text}", call_id, name, blocking,
+                   problem.undefined_tool)
 
 
 def _failure(index: int, param: str, reason: Reason, message: str, call_id: str | None = None) -> Finding:
@@ -447,18 +478,19 @@ def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
     name = call.get("name")
     if not isinstance(name, str) or not name:
         return _Problem(Reason.UNKNOWN_TOOL, "names no function. Set name to the function that was called.")
-    tool = toolbox.by_name.get(name)
-    if tool is None:
-        return _Problem(
-            Reason.UNKNOWN_TOOL,
-            f"calls {name!r}, which is defined neither in this request's tools nor by the responses "
-            f"{CHAIN}. Add the function's definition to tools.",
-        )
     if not isinstance(value, dict):
         return _Problem(
             Reason.ARGUMENTS_SCHEMA,
             f"has arguments that encode {_kind_of(value)}; function arguments are always a JSON "
             "object of named parameters. Send an object, e.g. \"{}\" when there are none.",
+        )
+    tool = toolbox.by_name.get(name)
+    if tool is None:
+        return _Problem(
+            Reason.UNKNOWN_TOOL,
+            f"calls {name!r}, which is defined neither in this request's tools nor by the responses "
+            f"{CHAIN}, so its arguments cannot be checked. Add the function's definition to tools.",
+            undefined_tool=True,
         )
     return _schema_problem(tool, value)
 

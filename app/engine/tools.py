@@ -10,7 +10,13 @@ way for every backend:
 * ``parallel_tool_calls: false`` lets the first call through, ``max_tool_calls`` caps
   the number;
 * ``tool_choice: required`` (or a named function) with no call left fails the response
-  (``model_error``, code ``tool_call_missing``): the spec says the model MUST call.
+  (``model_error``, code ``tool_call_missing``): the spec says the model MUST call. This
+  holds only for a model that stopped on its own. A budget stop (``max_output_tokens``,
+  finish ``length``; or ``content_filter``) is no failure: the response ends
+  ``incomplete``, and a call cut short by it is released as written (its arguments may
+  be unfinished JSON, or empty), so the builder closes it as the open item,
+  ``incomplete``: the client sees what was cut, and an unfinished call is never marked
+  completed.
 
 Every suppressed call is logged with its reason. To be able to judge a call's arguments,
 each call is held until it is complete (the next call starts, or the stream finishes),
@@ -46,13 +52,13 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
     pending_index = -1
     released = 0
 
-    def release() -> list[Delta]:
+    def release(cut_short: bool = False) -> list[Delta]:
         nonlocal pending, released
         call, pending = pending, None
         if call is None:
             return []
-        arguments = "".join(call.pieces) or "{}"
-        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy)
+        arguments = "".join(call.pieces) or ("" if cut_short else "{}")
+        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy, cut_short)
         if reason is not None:
             log.warning("suppressed a call to %r from model %s: %s", call.name, request.model, reason)
             return []
@@ -71,9 +77,10 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
                     pending.pieces.append(delta.arguments)
                 continue
             if isinstance(delta, Finish):
-                for ready in release():
+                budget_stop = delta.reason in _BUDGET_STOPS
+                for ready in release(cut_short=budget_stop):
                     yield ready
-                if policy.mode == "required" and request.tools and released == 0:
+                if policy.mode == "required" and request.tools and released == 0 and not budget_stop:
                     raise ModelError(
                         "The model did not call a tool, but tool_choice requires one.", code="tool_call_missing"
                     )
@@ -86,9 +93,16 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
         await deltas.aclose()  # type: ignore[attr-defined]
 
 
+_BUDGET_STOPS = frozenset({"length", "content_filter"})
+"""Finish reasons that end a response ``incomplete``: generation was stopped, not done."""
+
+
 def _rejection(
-    name: str, arguments: str, offered: set[str], allowed: bool, released: int, policy: ToolPolicy
+    name: str, arguments: str, offered: set[str], allowed: bool, released: int, policy: ToolPolicy,
+    cut_short: bool = False,
 ) -> str | None:
+    """Why a complete call must not reach the client, or ``None``. A call ``cut_short``
+    by a budget stop is judged on everything but its (unfinished) arguments."""
     if name not in offered:
         return "the tool was not offered in 'tools'"
     if not allowed:
@@ -97,6 +111,8 @@ def _rejection(
         return "parallel_tool_calls is false and a call was already made"
     if policy.max_calls is not None and released >= policy.max_calls:
         return f"max_tool_calls ({policy.max_calls}) reached"
+    if cut_short:
+        return None
     try:
         parsed = json.loads(arguments)
     except json.JSONDecodeError as exc:

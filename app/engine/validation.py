@@ -1,16 +1,23 @@
 """Parsing request bodies into protocol models, with errors that name the ``param``.
 
 Pydantic reports locations that mix JSON keys with the names of union members
-(``('input', 2, 'user_message', 'content', 0, 'input_text', 'text')``). The param path is
-recovered by walking the location alongside the raw JSON: a step that exists in the JSON
-is kept, a union tag is skipped. Among several errors (a union reports one per member),
-the one that reaches deepest into the JSON is the one the client needs to see.
+(``('input', 2, 'user_message', 'content', 0, 'input_text', 'text')``). Which steps are
+union members is read off the model's own validation schema (pydantic-core's schema,
+walked alongside the location): a member step is skipped, a field or index step is kept.
+A tag can spell the same as a key of the JSON (``{"type": "function", "function": {...}}``,
+a Chat Completions tool, fails with the location ``('tools', 0, 'function', 'name')``,
+where ``function`` is the tag), so looking at the JSON alone cannot tell them apart. Then
+the remaining steps are walked alongside the raw JSON to find how deep they reach. Among
+several errors (a union reports one per member), the one that reaches deepest into the
+JSON is the one the client needs to see.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -45,34 +52,56 @@ def parse_body(model: type[Model], data: Any) -> Model:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise to_invalid_request(exc, data) from None
+        raise to_invalid_request(exc, data, model) from None
 
 
 def _aliases(model: type[BaseModel]) -> set[str]:
     return {f.alias for f in model.model_fields.values() if f.alias}
 
 
-def to_invalid_request(exc: ValidationError, data: Any) -> InvalidRequest:
+def to_invalid_request(exc: ValidationError, data: Any, model: type[BaseModel] | None = None) -> InvalidRequest:
     """The one error to report: the first in document order, skipping a union branch's
     "wrong type" complaint when another branch got further into the same value."""
-    found: list[tuple[int, str, dict[str, Any]]] = []
+    found: list[tuple[int, str, dict[str, Any], Any]] = []
     for error in exc.errors(include_url=False):
-        depth, param = _param_path(error["loc"], data)
+        loc = tuple(error["loc"])
+        depth, param, holder = _param_path(_data_steps(model, loc) if model is not None else loc, data)
         if error["type"] in _TAG_ERRORS and isinstance(error.get("input"), dict):
             param = f"{param}.type" if param else "type"
             depth += 1
-        found.append((depth, param, error))
+        found.append((depth, param, error, holder))
     relevant = [
         entry
         for entry in found
         if not (
-            entry[2]["type"].endswith("_type")
-            and any(other[0] > entry[0] and other[1].startswith(entry[1]) for other in found)
+            _wrong_type(entry[2])
+            and any((other[0], len(other[1])) > (entry[0], len(entry[1])) and other[1].startswith(entry[1])
+                    for other in found)
         )
     ]
-    _, param, error = (relevant or found)[0]
+    _, param, error, holder = (relevant or found)[0]
     code = _CODES.get(error["type"], "invalid_value")
-    return InvalidRequest(_message(error, param), code=code, param=param or None)
+    return InvalidRequest(_message(error, param) + _chat_completions_hint(holder), code=code, param=param or None)
+
+
+def _wrong_type(error: dict[str, Any]) -> bool:
+    """A union member's complaint that the value is of another kind altogether (a string
+    or literal expected where an object was sent): another member may explain it better."""
+    return error["type"].endswith("_type") or (
+        error["type"] == "literal_error" and isinstance(error.get("input"), dict | list)
+    )
+
+
+def _chat_completions_hint(holder: Any) -> str:
+    """For an object in the Chat Completions shape (``{"type": "function", "function":
+    {...}}``), how the Responses API spells it instead."""
+    if not (isinstance(holder, dict) and holder.get("type") == "function" and isinstance(holder.get("function"), dict)):
+        return ""
+    return (
+        ' This is the Chat Completions shape ({"type": "function", "function": {...}}); in the Responses API '
+        'function tools and tool choices are flat: {"type": "function", "name": ..., "parameters": ...} for a '
+        'tool, {"type": "function", "name": ...} for tool_choice.'
+    )
 
 
 _TAG_ERRORS = ("unknown_item_type", "union_tag_invalid", "union_tag_not_found")
@@ -106,27 +135,121 @@ def _message(error: dict[str, Any], param: str) -> str:
     return f"Invalid value for {where}: {error['msg']}."
 
 
-def _param_path(loc: tuple[Any, ...], data: Any) -> tuple[int, str]:
-    """Map a pydantic location onto the raw JSON: (how deep it reached, dotted path)."""
+def _param_path(loc: tuple[Any, ...], data: Any) -> tuple[int, str, Any]:
+    """Map a pydantic location onto the raw JSON: (how deep it reached, dotted path, the
+    JSON object that holds the last step)."""
     path = ""
     depth = 0
     node = data
+    holder: Any = None
     for step in loc:
         if isinstance(step, int) and isinstance(node, list) and 0 <= step < len(node):
             path += f"[{step}]"
-            node = node[step]
+            holder, node = node, node[step]
             depth += 1
         elif isinstance(step, str) and isinstance(node, dict) and step in node:
             path = f"{path}.{step}" if path else step
-            node = node[step]
+            holder, node = node, node[step]
             depth += 1
         elif isinstance(step, str) and isinstance(node, dict) and _is_field_name(step) and loc[-1] == step:
             # a missing required key (always the last step): named, but reaches no deeper
             path = f"{path}.{step}" if path else step
-            node = None
-    return depth, path
+            holder, node = node, None
+    return depth, path, holder
 
 
 def _is_field_name(step: str) -> bool:
     return step.isidentifier() and not step[0].isupper()
+
+
+# ---------------------------------------------------------------- which steps are data
+
+
+def _data_steps(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without the steps that name union members, by the model's core schema;
+    ``loc`` unchanged when the schema cannot account for it."""
+    kinds = _classify(_core(model), loc, 0, _definitions(model))
+    if kinds is None:
+        return loc
+    return tuple(step for step, is_data in zip(loc, kinds) if is_data)
+
+
+@lru_cache(maxsize=32)
+def _definitions(model: type[BaseModel]) -> Mapping[str, Any]:
+    found: dict[str, Any] = {}
+
+    def collect(schema: Any) -> None:
+        if isinstance(schema, dict):
+            if schema.get("type") == "definitions":
+                for definition in schema["definitions"]:
+                    found[definition["ref"]] = definition
+            for value in schema.values():
+                collect(value)
+        elif isinstance(schema, list | tuple):
+            for value in schema:
+                collect(value)
+
+    collect(_core(model))
+    return found
+
+
+def _core(model: type[BaseModel]) -> Mapping[str, Any]:
+    return model.__pydantic_core_schema__  # type: ignore[return-value]
+
+
+_WRAPPERS = frozenset({
+    "definitions", "model", "default", "nullable", "function-after", "function-before", "function-wrap",
+    "json-or-python", "lax-or-strict",
+})
+
+
+def _classify(schema: Mapping[str, Any], loc: Sequence[Any], at: int, refs: Mapping[str, Any]) -> list[bool] | None:
+    """For ``loc[at:]``, whether each step is a key or index of the data (``True``) or a
+    union member's name (``False``); ``None`` if ``schema`` does not fit the steps."""
+    if at == len(loc):
+        return []
+    kind = schema.get("type")
+    step = loc[at]
+    if kind == "definition-ref":
+        target = refs.get(schema["schema_ref"])
+        return None if target is None else _classify(target, loc, at, refs)
+    if kind in ("json-or-python", "lax-or-strict"):
+        inner = schema.get("python_schema") or schema.get("strict_schema") or schema.get("schema")
+        return None if inner is None else _classify(inner, loc, at, refs)
+    if kind in _WRAPPERS and "schema" in schema:
+        return _classify(schema["schema"], loc, at, refs)
+    if kind == "model-fields":
+        for name, field in schema["fields"].items():
+            if step in (name, field.get("validation_alias"), field.get("serialization_alias")):
+                rest = _classify(field["schema"], loc, at + 1, refs)
+                return None if rest is None else [True, *rest]
+        return [True] * (len(loc) - at)  # an unknown key (extra_forbidden): data all the way
+    if kind in ("list", "set", "frozenset", "tuple") and isinstance(step, int):
+        items = schema.get("items_schema")
+        if isinstance(items, list):  # positional tuple
+            items = items[step] if step < len(items) else None
+        rest = _classify(items, loc, at + 1, refs) if isinstance(items, dict) else [True] * (len(loc) - at - 1)
+        return None if rest is None else [True, *rest]
+    if kind == "dict":
+        values = schema.get("values_schema")
+        rest = _classify(values, loc, at + 1, refs) if isinstance(values, dict) else [True] * (len(loc) - at - 1)
+        return None if rest is None else [True, *rest]
+    if kind == "tagged-union":
+        choice = schema["choices"].get(step)
+        if choice is None:
+            return None
+        rest = _classify(choice, loc, at + 1, refs)
+        return None if rest is None else [False, *rest]
+    if kind == "union":
+        for choice in schema["choices"]:
+            member, label = (choice if isinstance(choice, tuple | list) else (choice, None))
+            if label is not None and label != step:
+                continue
+            rest = _classify(member, loc, at + 1, refs)
+            if rest is not None:
+                return [False, *rest]
+        return None
+    if kind in ("any", "dict", "json"):
+        return [True] * (len(loc) - at)
+    return None
 

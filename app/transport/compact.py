@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.engine.compaction import compact_request
+from app.engine.images import check_images
 from app.engine.sealing import Sealer
 from app.engine.validation import decode_json, parse_body
 from app.protocol.compaction import CompactBody
@@ -28,6 +29,7 @@ async def compact_response(request: Request, engine: EngineDep, tenant: TenantDe
     """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
     window to start a new chain from."""
     body = parse_body(CompactBody, decode_json(await request.body()))
+    await check_images(body.input, max_bytes=engine.max_image_bytes)
     resource = await compact_request(
         body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)
     )

@@ -234,6 +234,24 @@ def test_with_a_call_required_a_call_cut_short_is_not_shown(caplog: pytest.LogCa
     assert "unfinished call" in caplog.text
 
 
+def test_with_a_call_required_a_call_cut_after_its_name_is_that_call_as_far_as_written() -> None:
+    policy = ToolPolicy(mode="required")
+    cut = tagged(SEARCH)[: tagged(SEARCH).index("James") + 2]
+    assert whole(cut, policy) == [("call", "search_web", '{"query": "Ja')]
+    assert whole(SEARCH[:25], policy) == [("call", "search_web", "")]
+    assert whole(tagged(WEATHER) + "\n" + cut, policy) == [
+        call("get_weather", city="Paris"),
+        ("call", "search_web", '{"query": "Ja'),
+    ]
+
+
+def test_a_cut_call_is_not_made_up_when_it_is_not_forced_or_not_allowed() -> None:
+    cut = tagged(SEARCH)[: tagged(SEARCH).index("James") + 2]
+    assert whole(cut) == [("text", cut)]
+    only_weather = ToolPolicy(mode="required", allowed=("get_weather",))
+    assert whole(cut, only_weather) == []
+
+
 def test_structured_output_turns_the_parser_off_unless_a_call_is_required() -> None:
     def request(mode: str) -> GenerationRequest:
         return GenerationRequest(

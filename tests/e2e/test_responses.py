@@ -10,6 +10,7 @@ import base64
 import json
 
 import httpx
+import pytest
 
 from tests.client import Client, output_text
 from tests.conftest import SMOL
@@ -97,6 +98,73 @@ def test_image_input_reaches_a_text_model_as_a_marker(client: Client, scripted) 
     client.create(model="scripted-text", input=[{"role": "user", "content": content}])
     told = scripted.requests[-1].messages[-1].content
     assert "What is in this image?" in told and "image" in told.split("?", 1)[1].lower()
+
+
+JPEG = base64.b64encode(b"\xff\xd8\xff\xe0\x00\x10JFIF\x00" + bytes(32)).decode()
+GIF = base64.b64encode(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;").decode()
+WEBP = base64.b64encode(b"RIFF\x1a\x00\x00\x00WEBPVP8L" + bytes(16)).decode()
+
+
+def _image_message(url: str) -> list[dict[str, object]]:
+    return [{"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                         {"type": "input_image", "image_url": url}]}]
+
+
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [
+        ("data:image/png;base64,%%%not-base64%%%", "invalid_base64"),
+        ("data:image/png;base64,iVBORw0KGgo", "invalid_base64"),  # cut mid-quantum
+        (f"data:image/png;base64,{base64.b64encode(b'just some text, no image').decode()}", "invalid_image"),
+        (f"data:image/png;base64,{JPEG}", "invalid_image"),  # declared PNG, holds JPEG
+        ("data:image/png;base64,", "invalid_image"),
+        (f"data:image/svg+xml;base64,{PNG}", "invalid_image_format"),
+        ("data:image/png,rawbytes", "invalid_image_url"),
+        ("not a url", "invalid_image_url"),
+        ("file:///etc/passwd", "invalid_image_url"),
+    ],
+)
+def test_a_bad_image_is_a_400_naming_its_url(client: Client, scripted, url: str, code: str) -> None:  # type: ignore[no-untyped-def]
+    before = len(scripted.requests)
+    error = client.error({"model": "scripted-text", "input": _image_message(url)}, 400)
+    assert (error["code"], error["param"]) == (code, "input[0].content[1].image_url"), error
+    assert len(scripted.requests) == before  # the model never saw it
+
+
+def test_images_of_each_supported_format_are_taken(client: Client) -> None:
+    for media, data in (("png", PNG), ("jpeg", JPEG), ("gif", GIF), ("webp", WEBP)):
+        response = client.create(model="scripted-text", input=_image_message(f"data:image/{media};base64,{data}"))
+        assert response["status"] == "completed"
+    assert client.create(model="scripted-text", input=_image_message("https://example.com/cat.png"))["output"]
+
+
+def test_a_bad_image_in_a_tool_output_is_named_too(client: Client) -> None:
+    items = [
+        {"role": "user", "content": "Take a screenshot."},
+        {"type": "function_call", "call_id": "call_s", "name": "screenshot", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_s",
+         "output": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]},
+    ]
+    error = client.error({"model": "scripted-text", "input": items}, 400)
+    assert (error["code"], error["param"]) == ("invalid_image", "input[2].output[0].image_url")
+
+
+def test_an_image_over_the_limit_is_refused(tmp_path, scripted) -> None:  # type: ignore[no-untyped-def]
+    from app.config import Settings
+    from app.main import create_app
+
+    server = LiveServer(create_app(Settings(max_image_bytes=64, data_dir=tmp_path), backends=[scripted])).start()
+    small = Client(server.url)
+    try:
+        big = base64.b64encode(base64.b64decode(PNG) + bytes(100)).decode()
+        error = small.error({"model": "scripted-text", "input": _image_message(f"data:image/png;base64,{big}")}, 400)
+        assert (error["code"], error["param"]) == ("image_too_large", "input[0].content[1].image_url")
+        error = small.error({"model": "scripted-text", "input": _image_message(f"data:image/png;base64,{big}")},
+                            400, path="/v1/responses/compact")
+        assert error["code"] == "image_too_large"
+    finally:
+        small.close()
+        server.stop()
 
 
 def test_input_file_text_is_inlined(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]

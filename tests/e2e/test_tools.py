@@ -176,6 +176,57 @@ def test_parallel_false_and_max_tool_calls(client: Client) -> None:
     assert 1 <= len(_calls(capped)) <= 2
 
 
+# A tool whose call cannot fit in 16 tokens: the budget always runs out inside it.
+REPORT = {
+    "type": "function",
+    "name": "file_a_detailed_weather_report_for_the_national_archive",
+    "description": "File a long, detailed weather report.",
+    "parameters": {
+        "type": "object",
+        "properties": {"complete_description_of_all_observed_conditions": {"type": "string"}},
+        "required": ["complete_description_of_all_observed_conditions"],
+    },
+}
+
+
+def _assert_budget_stop(response: dict[str, Any]) -> None:
+    """A budget stop under tool_choice required: incomplete, never failed; whatever call
+    was being written is closed incomplete."""
+    assert response["status"] == "incomplete", response
+    assert response["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert response["error"] is None
+    for call in _calls(response):
+        assert call["status"] == "incomplete" and call["name"] == REPORT["name"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_with_the_budget_spent_mid_call_is_incomplete(client: Client, stream: bool) -> None:
+    body = {"model": SMOL, "input": "File the report.", "tools": [REPORT], "tool_choice": "required",
+            "max_output_tokens": 16}
+    if stream:
+        result = client.stream(**body)
+        assert result.types()[-1] == "response.incomplete"
+        _assert_budget_stop(result.final)
+    else:
+        _assert_budget_stop(client.create(**body))
+
+
+def test_a_call_cut_by_the_budget_reaches_the_client_incomplete(client: Client) -> None:
+    """The scripted model (a stand-in: no real model can be made to stop at a chosen byte)
+    is cut inside its call's arguments."""
+    result = client.stream(model="scripted-tool-cut", input="x", tools=[WEATHER], tool_choice="required")
+    final = result.final
+    assert final["status"] == "incomplete" and final["incomplete_details"] == {"reason": "max_output_tokens"}
+    [call] = _calls(final)
+    assert (call["status"], call["arguments"]) == ("incomplete", '{"city": "Par')
+    done = [event for event in result.events if event["type"] == "response.output_item.done"]
+    assert done[-1]["item"] == call
+    # an unfinished call can never be answered
+    error = client.error({"model": "scripted-text", "previous_response_id": final["id"], "input": [
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "{}"}]}, 400)
+    assert (error["code"], error["param"]) == ("status", "input[0]")
+
+
 # ---------------------------------------------------------------- tool_choice on a real upstream
 
 
@@ -218,6 +269,11 @@ def test_upstream_required_and_parallel_false(upstream_front: Client) -> None:
     assert len(_calls(response)) == 1
 
 
+def test_upstream_required_with_the_budget_spent_is_incomplete(upstream_front: Client) -> None:
+    _assert_budget_stop(upstream_front.create(input="File the report.", tools=[REPORT], tool_choice="required",
+                                              max_output_tokens=16))
+
+
 # ---------------------------------------------------------------- the gate over HTTP
 
 
@@ -249,3 +305,44 @@ def test_gate_refuses_an_answer_to_an_unfinished_call(client: Client, scripted) 
     error = client.error({"model": "scripted-text", "previous_response_id": response["id"], "input": [
         {"type": "function_call_output", "call_id": "call_nothing", "output": "{}"}]}, 400)
     assert error["code"] == "call_id"
+
+
+REPLAYED_LOOP = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"type": "function_call", "call_id": "call_w1", "name": "get_weather", "arguments": '{"city": "Paris"}',
+     "status": "completed"},
+    {"type": "function_call_output", "call_id": "call_w1", "output": RESULT},
+]
+
+
+def test_gate_accepts_a_replayed_loop_without_tools(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]
+    """No tools and no previous_response_id: the spec only asks that the output answer a
+    call in the context, so the request goes through (the finding is logged)."""
+    response = client.create(model="scripted-text", input=REPLAYED_LOOP)
+    assert response["status"] == "completed"
+    seen = scripted.requests[-1]
+    assert [message.role for message in seen.messages][-2:] == ["assistant", "tool"]
+    assert seen.messages[-2].tool_calls[0].name == "get_weather"
+
+
+def test_gate_unknown_tool_reject_is_an_operator_setting(tmp_path, scripted) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(gate_unknown_tool="reject", data_dir=tmp_path)
+    server = LiveServer(create_app(settings, backends=[scripted])).start()
+    strict = Client(server.url)
+    try:
+        error = strict.error({"model": "scripted-text", "input": REPLAYED_LOOP}, 400)
+        assert (error["code"], error["param"]) == ("unknown_tool", "input[2]")
+        assert strict.create(model="scripted-text", input=REPLAYED_LOOP, tools=[WEATHER])["status"] == "completed"
+    finally:
+        strict.close()
+        server.stop()
+
+
+def test_a_chat_completions_shaped_tool_names_the_missing_flat_field(client: Client) -> None:
+    chat_tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER["parameters"]}}
+    error = client.error({"model": "scripted-text", "input": "hi", "tools": [chat_tool]}, 400)
+    assert (error["code"], error["param"]) == ("missing_required_parameter", "tools[0].name")
+    assert "flat" in error["message"]
+    error = client.error({"model": "scripted-text", "input": "hi", "tools": [WEATHER],
+                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, 400)
+    assert (error["code"], error["param"]) == ("missing_required_parameter", "tool_choice.name")

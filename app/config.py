@@ -26,7 +26,20 @@ class Settings(BaseSettings):
     preload_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Local models loaded at start (the default model is always loaded when local)."""
     model_threads: int = 2
-    model_context: int = 4096
+    model_context: int | None = None
+    """Tokens of context of each embedded model (shared by its slots; the most one request
+    may use); unset means each model's trained window (Qwen2.5-Coder 32,768, SmolLM2 8,192)."""
+    model_parallel: int = Field(default=4, ge=1, le=64)
+    """Generations an embedded model runs at once, decoded together in one batch per step."""
+    model_queue: int = Field(default=32, ge=0)
+    """Requests that may wait for a busy embedded model; one more is 429 too_many_requests."""
+    model_cache_ram_mib: int = Field(default=2048, ge=0)
+    """Host memory (MiB) for prompt caches of idle slots, least recently used out (0: off)."""
+    model_kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+    """The KV cache's type; q8_0 halves its memory at a small cost in quality."""
+    llama_server: str | None = None
+    """The llama-server executable that runs the embedded models; unset means the one
+    ``make install`` built into the virtual environment."""
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     """Other names for served models, ``alias=model,...`` (e.g. ``gpt-4o-mini=qwen2.5-coder-1.5b-instruct``):
     requests for an alias run on its model and echo the alias; ``/v1/models`` lists them."""

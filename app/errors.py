@@ -85,6 +85,12 @@ class TooManyRequests(ORSError):
     status = 429
     type = "too_many_requests"
 
+    def __init__(self, message: str, *, code: str | None = None, param: str | None = None,
+                 retry_after: int = 1) -> None:
+        super().__init__(message, code=code, param=param)
+        self.retry_after = retry_after
+        """Seconds after which a retry may succeed (the ``Retry-After`` header)."""
+
 
 class ServerError(ORSError):
     status = 500

@@ -38,6 +38,11 @@ def default_backends(settings: Settings) -> list[Backend]:
             n_threads=settings.model_threads,
             n_ctx=settings.model_context,
             preload=_preload(settings),
+            parallel=settings.model_parallel,
+            queue=settings.model_queue,
+            cache_ram_mib=settings.model_cache_ram_mib,
+            kv_type=settings.model_kv_type,
+            server_binary=settings.llama_server,
         )
     ]
     if settings.upstream_url:

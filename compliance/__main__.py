@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 
 from compliance import http_checks  # noqa: F401 - registers the HTTP checks
 from compliance import ws_checks  # noqa: F401 - registers the WebSocket checks
-from compliance.suite import REGISTRY, SuiteConfig, run, select
+from compliance.suite import REGISTRY, SuiteConfig, run, run_concurrently, select
 
 
 def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -31,6 +32,9 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", action="append", metavar="NAME", help="run only this check (repeatable)")
     parser.add_argument("--transport", action="append", metavar="NAME",
                         help="run only the checks of this transport (repeatable)")
+    parser.add_argument("--concurrent", action="store_true",
+                        help="run all checks at once, as the official harness does (default: one after another)")
+    parser.add_argument("--times", action="store_true", help="print each check's seconds and the wall time")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     arguments = parser.parse_args(argv)
     if not arguments.list and not arguments.model:
@@ -59,9 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     failed = False
-    for outcome in run(config, checks):
-        print(outcome.line(), flush=True)
+    started = time.monotonic()
+    outcomes = run_concurrently(config, checks) if arguments.concurrent else run(config, checks)
+    for outcome in outcomes:
+        timing = f" ({outcome.seconds:.1f} s)" if arguments.times else ""
+        print(outcome.line() + timing, flush=True)
         failed = failed or outcome.status == "FAIL"
+    if arguments.times:
+        print(f"wall time {time.monotonic() - started:.1f} s", flush=True)
     return 1 if failed else 0
 
 

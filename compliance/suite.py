@@ -128,16 +128,40 @@ def run(config: SuiteConfig, checks: Iterable[RegisteredCheck], *,
     session = session or Session(config)
     try:
         for check in checks:
-            started = time.monotonic()
-            try:
-                check.function(session)
-            except Skip as skip:
-                yield Outcome(check.name, "SKIP", str(skip), time.monotonic() - started)
-            except ConformanceError as error:
-                yield Outcome(check.name, "FAIL", str(error), time.monotonic() - started)
-            except Exception as error:  # noqa: BLE001 - any crash of a check is that check's failure
-                yield Outcome(check.name, "FAIL", f"{type(error).__name__}: {error}", time.monotonic() - started)
-            else:
-                yield Outcome(check.name, "PASS", "", time.monotonic() - started)
+            yield _run_one(check, session)
     finally:
         session.close()
+
+
+def run_concurrently(config: SuiteConfig, checks: Iterable[RegisteredCheck]) -> Iterator[Outcome]:
+    """Run all ``checks`` at once, each in its own thread with its own session (as the
+    official harness runs its tests in parallel), yielding outcomes as they finish."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    chosen = list(checks)
+    if not chosen:
+        return
+
+    def one(check: RegisteredCheck) -> Outcome:
+        session = Session(config)
+        try:
+            return _run_one(check, session)
+        finally:
+            session.close()
+
+    with ThreadPoolExecutor(max_workers=len(chosen), thread_name_prefix="check") as pool:
+        for finished in as_completed([pool.submit(one, check) for check in chosen]):
+            yield finished.result()
+
+
+def _run_one(check: RegisteredCheck, session: Session) -> Outcome:
+    started = time.monotonic()
+    try:
+        check.function(session)
+    except Skip as skip:
+        return Outcome(check.name, "SKIP", str(skip), time.monotonic() - started)
+    except ConformanceError as error:
+        return Outcome(check.name, "FAIL", str(error), time.monotonic() - started)
+    except Exception as error:  # noqa: BLE001 - any crash of a check is that check's failure
+        return Outcome(check.name, "FAIL", f"{type(error).__name__}: {error}", time.monotonic() - started)
+    return Outcome(check.name, "PASS", "", time.monotonic() - started)

@@ -101,7 +101,8 @@ def scripted() -> ScriptedBackend:
 def server(model_dir: Path, scripted: ScriptedBackend) -> Iterator[LiveServer]:
     """The real server on 127.0.0.1 with SmolLM2 as its default model, plus the
     scripted models."""
-    settings = Settings(default_model=SMOL, data_dir=model_dir.parent / "server-data")
+    settings = Settings(default_model=SMOL, data_dir=model_dir.parent / "server-data",
+                        model_aliases={"gpt-4o-mini": QWEN})
     local = LocalBackend(model_dir, n_threads=2, preload=[SMOL], models=[SMOL, QWEN])
     server = LiveServer(create_app(settings, backends=[local, scripted])).start()
     yield server

@@ -123,6 +123,9 @@ class GenerationRequest:
     sampling: Sampling = field(default_factory=Sampling)
     output_format: OutputFormat = field(default_factory=OutputFormat)
     reasoning_effort: str | None = None
+    cache_key: str | None = None
+    """The request's ``prompt_cache_key``: requests that share one are likely to share a
+    prompt prefix, so a backend with a prompt cache may route them together."""
 
 
 @dataclass(frozen=True, slots=True)

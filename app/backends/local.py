@@ -1,64 +1,69 @@
-"""The embedded model backend: GGUF models run in-process by llama.cpp.
+"""The embedded model backend: GGUF models served by llama.cpp's own server.
 
-Threads and cancellation, the contract in full:
+Each model has two halves:
 
-* One ``llama_cpp.Llama`` per model, loaded lazily (or in ``start()``) on a worker thread.
-  Concurrent first requests share one load.
-* A ``Llama`` is not thread-safe, so each model has an ``asyncio.Lock``: one generation at
-  a time per model, the others wait their turn in FIFO order.
-* A generation runs on its own worker thread. Text pieces travel to the event loop through
-  ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``; the event loop never blocks.
-  When logprobs are asked, the worker sends one :class:`_Token` per generated token
-  instead (its text, possibly empty, and its logprob), and nothing more is computed
-  otherwise.
-* The worker emits exactly one terminal item (``Finish`` or an ``ORSError``) as its very
-  last act on the model. When the consumer closes the stream or its task is cancelled, a
-  ``threading.Event`` asks the worker to stop; it checks the event before every prompt
-  chunk and every sampled token. The model lock is released only once the terminal item
-  has arrived, i.e. once the worker no longer touches the model.
-* A ``LocalBackend`` belongs to one event loop (its locks and queues do).
+* in this process, its vocabulary and chat template (``llama_cpp.Llama`` loaded
+  vocab-only: no weights): prompts are rendered and tokenized here, token counts for
+  truncation come from here, and grammars are checked against the vocabulary before a
+  response starts;
+* in a child process, ``llama-server`` (``llama_server``), which holds the weights and the
+  KV cache and does the generating: continuous batching over ``parallel`` slots, chunked
+  prompt evaluation interleaved with decoding, and a prefix cache that outlives requests.
+
+Requests, the contract in full:
+
+* A model is started lazily (or in ``start()``); concurrent first requests share one start.
+* Each generation holds one slot of the model's :class:`~app.backends.slots.SlotPool` from
+  the moment it is sent until its stream ends, and is pinned to that llama-server slot
+  (``id_slot``), so this process always knows which prefix each slot's KV cache holds.
+  A free slot is chosen by the request's ``prompt_cache_key`` (its home slot, if free),
+  else by the longest prefix shared with what the slot last held. More requests than slots
+  wait in FIFO order, at most ``queue`` of them; beyond that, ``429 too_many_requests``.
+* The prompt is sent as token ids (tokenized once here, with special tokens parsed), with
+  ``cache_prompt``: the shared prefix is not evaluated again, and ``cached_tokens`` in the
+  usage is llama-server's own count of reused tokens.
+* Closing the stream (client gone, cancel, shutdown) closes the HTTP response; llama-server
+  stops that generation at its next token and the slot is released at once.
+* At ``aclose()`` every slot's KV state is saved under ``ORS_DATA_DIR/kv/<model>/`` and at
+  the next start restored, so a prefix cached before a restart is still cached after it.
 
 Tools: every tool of the request is rendered into the prompt whatever the tool policy
 (``prompting``); the default output parser turns the model's written calls into
-``ToolCallDelta``s and enforces the policy, and a grammar forces a call when one is
-required (``toolcalls``).
+``ToolCallDelta``s and enforces the policy, and a grammar (sent with the request, applied
+per sequence by llama-server) forces a call when one is required (``toolcalls``).
 
-Logprobs (``sampling.logprobs``): the log-softmax of the logits row the token was sampled
-from (llama.cpp's last output row, read right after sampling, before the next decode; no
-``logits_all`` needed), so the model's own distribution, before temperature and grammar.
-The token's text is what the UTF-8 decoder made of it; its bytes and the alternatives' come
-from ``detokenize`` (alternatives with special tokens spelled out, e.g. an end-of-turn
-token). The output parser may hold back, merge or drop text, so the tokens are attributed
-to its emitted ``TextDelta``s afterwards by a ``LogprobLedger`` (``logprob_ledger``):
-exact where the text passes through unchanged.
+Logprobs (``sampling.logprobs``): llama-server's ``n_probs``: the log-softmax of the
+model's own distribution at each position, before sampling. Tokens are attributed to the
+parser's emitted ``TextDelta``s by a ``LogprobLedger`` (``logprob_ledger``): exact where
+the text passes through unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
+import json
+import logging
 import os
-import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-# llama.cpp's OpenMP threads busy-wait between tokens by default. When cores are shared
-# (other processes, or two models generating at once) that slows generation down by an
-# order of magnitude. libgomp reads this setting once, when llama_cpp first loads it.
+# Nothing here computes (the vocabulary only); should llama.cpp's OpenMP runtime start in
+# this process, its threads sleep rather than spin on the cores the server shares.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import llama_cpp  # noqa: E402
 import numpy as np  # noqa: E402
-from llama_cpp import Llama, LlamaGrammar  # noqa: E402
+from llama_cpp import Llama  # noqa: E402
 
 from app.backends.base import (  # noqa: E402
     Backend,
     ChatMessage,
     Delta,
     Finish,
+    FinishReason,
     GenerationRequest,
     ModelInfo,
     TextDelta,
@@ -67,14 +72,21 @@ from app.backends.base import (  # noqa: E402
     ToolSpec,
     Usage,
 )
+from app.backends.llama_server import LlamaServer, ServerOptions, find_binary  # noqa: E402
 from app.backends.logprob_ledger import LogprobLedger  # noqa: E402
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec  # noqa: E402
 from app.backends.prompting import ChatTemplate, output_grammar, prompt_messages, template_tools  # noqa: E402
+from app.backends.slots import SlotPool  # noqa: E402
 from app.backends.toolcalls import TAG_CLOSE, TAG_OPEN, call_shape, tool_call_grammar, tool_call_parser  # noqa: E402
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError  # noqa: E402
 
-PREFILL_CHUNK = 256
-"""Prompt tokens evaluated between two checks of the stop event."""
+log = logging.getLogger("ors.local")
+
+DEFAULT_PARALLEL = 4
+DEFAULT_QUEUE = 32
+DEFAULT_CACHE_RAM_MIB = 2048
+
+_STOP_REASONS: dict[str, FinishReason] = {"limit": "length", "eos": "stop", "word": "stop"}
 
 
 class OutputParser(Protocol):
@@ -122,32 +134,13 @@ class _Plan:
     top_logprobs: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Token:
-    """One generated token, sent by the worker when logprobs are asked: its text as the
-    UTF-8 decoder gave it (empty for a token that completes no character) and its logprob."""
+class Vocabulary:
+    """A model's tokenizer and chat template, loaded without its weights. Blocking
+    methods (tokenizing a long prompt takes milliseconds): call them off the loop."""
 
-    text: str
-    logprob: TokenLogprob
-
-
-Emit = Callable[[str | _Token], None]
-
-
-class LocalModel:
-    """A loaded GGUF model with its chat template. Blocking methods: call off the loop."""
-
-    def __init__(self, spec: ModelSpec, path: Path, *, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, spec: ModelSpec, path: Path) -> None:
         self.spec = spec
-        self.context_window = n_ctx
-        with _llama_model_params(use_extra_bufts=_weight_repacking_is_safe()):
-            self.llm = Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                verbose=False,
-            )
+        self.llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         template = self.llm.metadata.get("tokenizer.chat_template")
         if not template:
@@ -169,103 +162,15 @@ class LocalModel:
         return self.llm.tokenize(self.prompt(messages, tools).encode("utf-8"), add_bos=False, special=True)
 
     def accepts_grammar(self, grammar: str) -> bool:
-        """Whether llama.cpp parses ``grammar`` (it would crash the sampler otherwise)."""
+        """Whether llama.cpp parses ``grammar`` (the server would refuse it otherwise)."""
         sampler = llama_cpp.llama_sampler_init_grammar(self._vocab, grammar.encode("utf-8"), b"root")
         if not sampler:
             return False
         llama_cpp.llama_sampler_free(sampler)
         return True
 
-    def is_end_of_generation(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    def generate(self, plan: _Plan, stop: threading.Event, emit: Emit) -> Finish:
-        """Generate on the calling thread, emitting text pieces (or, when ``plan.logprobs``,
-        every token as a ``_Token``); stop early once ``stop`` is set."""
-        llm = self.llm
-        tokens = self.prompt_tokens(plan.messages, plan.tools)
-        n_ctx = self.context_window
-        if len(tokens) >= n_ctx:
-            raise ContextLengthExceeded(
-                f"The input takes {len(tokens)} tokens, but model '{self.spec.id}' has a context "
-                f"window of {n_ctx} tokens for input and output together.",
-                param="input",
-            )
-        budget = n_ctx - len(tokens)
-        max_tokens = budget if plan.max_tokens is None else min(plan.max_tokens, budget)
-        grammar = None
-        if plan.grammar is not None:
-            if not self.accepts_grammar(plan.grammar):
-                raise InvalidRequest(
-                    "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
-                    param=plan.grammar_source,
-                )
-            grammar = LlamaGrammar.from_string(plan.grammar, verbose=False)
-        usage = Usage(input_tokens=len(tokens))
-        if max_tokens <= 0:
-            return Finish("length", usage)
-        cached = self._prefill(tokens, stop)
-        if cached is None:
-            return Finish("stop", usage)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds back split characters
-        produced, reason = 0, "stop"
-        tokens_out = llm.generate(tokens, grammar=grammar, **plan.sampling)
-        try:
-            for token in tokens_out:
-                if stop.is_set() or self.is_end_of_generation(token):
-                    break
-                produced += 1
-                piece = llm.detokenize([token])
-                if plan.logprobs:
-                    text = decoder.decode(piece)
-                    emit(_Token(text, self._logprob(token, text, piece, plan.top_logprobs)))
-                elif text := decoder.decode(piece):
-                    emit(text)
-                if produced >= max_tokens:
-                    reason = "length"
-                    break
-        finally:
-            tokens_out.close()
-        return Finish(reason, Usage(input_tokens=len(tokens), output_tokens=produced, cached_tokens=cached))
-
-    def _logprob(self, token: int, text: str, piece: bytes, top: int) -> TokenLogprob:
-        """``token``'s logprob from the logits row it was just sampled from (the context's
-        last output row, valid until the next decode), with ``top`` alternatives."""
-        llm = self.llm
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm.ctx, -1), shape=(llm.n_vocab(),))
-        logprobs = Llama.logits_to_logprobs(logits)
-        alternatives: tuple[TokenLogprob, ...] = ()
-        if top > 0:
-            best = np.argpartition(logprobs, -top)[-top:]
-            best = best[np.argsort(-logprobs[best], kind="stable")]
-            alternatives = tuple(self._alternative(int(other), float(logprobs[other])) for other in best)
-        return TokenLogprob(text, float(logprobs[token]), piece, alternatives)
-
-    def _alternative(self, token: int, logprob: float) -> TokenLogprob:
-        piece = self.llm.detokenize([token], special=True)
-        return TokenLogprob(piece.decode("utf-8", errors="replace"), logprob, piece)
-
     def close(self) -> None:
         self.llm.close()
-
-    def _prefill(self, tokens: list[int], stop: threading.Event) -> int | None:
-        """Evaluate all prompt tokens but the last, in chunks, reusing the KV cache's prefix.
-
-        Returns how many tokens were reused from the cache, or ``None`` if ``stop`` was set.
-        ``Llama.generate`` then finds the prompt cached and evaluates only the last token.
-        """
-        llm = self.llm
-        cached = 0
-        for old, new in zip(llm.input_ids[: llm.n_tokens].tolist(), tokens[:-1]):
-            if old != new:
-                break
-            cached += 1
-        llm.n_tokens = cached
-        for start in range(cached, len(tokens) - 1, PREFILL_CHUNK):
-            if stop.is_set():
-                return None
-            llm.eval(tokens[start : min(start + PREFILL_CHUNK, len(tokens) - 1)])
-        return None if stop.is_set() else cached
 
     def _tag_tokens(self) -> tuple[int, int] | None:
         """The vocabulary's single tokens for the tool call tags, if it has them."""
@@ -280,83 +185,85 @@ class LocalModel:
         return self.llm.detokenize([token], special=True).decode("utf-8", errors="replace")
 
 
-class _Generation:
-    """One generation on a worker thread, its output handed over to the event loop.
+class LocalModel:
+    """A loaded model: its vocabulary here, its llama-server there, its slots, and what
+    each slot's KV cache holds (the tokens it was last given, prompt and output)."""
 
-    The worker calls ``target(stop, emit)``; the text pieces (or ``_Token``s) passed to
-    ``emit`` and then the terminal item (the returned ``Finish`` or the raised error as an
-    ``ORSError``) arrive in order through ``next()``. The terminal item is emitted after
-    ``target`` returns, so receiving it means the worker is done with the model.
-    """
+    def __init__(self, spec: ModelSpec, vocabulary: Vocabulary, server: LlamaServer, slots: SlotPool) -> None:
+        self.spec = spec
+        self.vocabulary = vocabulary
+        self.server = server
+        self.slots = slots
+        self.context_window = server.options.context
+        self.held: list[np.ndarray] = [np.zeros(0, dtype=np.int32) for _ in range(slots.size)]
+        self.keys: dict[str, int] = {}
+        """``prompt_cache_key`` → the slot that last served it."""
 
-    def __init__(self, name: str, target: Callable[[threading.Event, Emit], Finish]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[str | _Token | Finish | ORSError] = asyncio.Queue()
-        self._stop = threading.Event()
-        self._finished = False
-        self._target = target
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+    def ranker(self, tokens: np.ndarray, cache_key: str | None) -> Callable[[int], float]:
+        """How well each slot suits a prompt: its ``prompt_cache_key``'s slot first, then
+        the longest prefix shared with what the slot holds."""
+        home = self.keys.get(cache_key) if cache_key else None
 
-    def start(self) -> None:
-        self.thread.start()
+        def rank(slot: int) -> float:
+            bonus = float(len(tokens) + 1) if slot == home else 0.0
+            return bonus + _shared_prefix(self.held[slot], tokens)
 
-    def stop(self) -> None:
-        self._stop.set()
+        return rank
 
-    async def next(self) -> str | _Token | Finish:
-        """The next text piece (or token) or the final ``Finish``; raises the worker's error."""
-        item = await self._queue.get()
-        if not isinstance(item, str | _Token):
-            self._finished = True
-        if isinstance(item, ORSError):
-            raise item
-        return item
+    def remember(self, slot: int, tokens: np.ndarray, cache_key: str | None) -> None:
+        self.held[slot] = tokens
+        if cache_key:
+            self.keys[cache_key] = slot
 
-    async def wait_stopped(self) -> None:
-        """Return once the worker has emitted its terminal item, draining the rest.
+    async def save(self) -> None:
+        """Save every slot that holds something, with a record of what it holds."""
+        names = {slot: f"slot-{slot}.bin" for slot, held in enumerate(self.held) if len(held)}
+        await self.server.save_slots(names)
+        record = {str(slot): self.held[slot].tolist() for slot in names}
+        (self.server.options.slot_dir / "slots.json").write_text(json.dumps({"held": record, "keys": self.keys}))
 
-        A cancellation that arrives meanwhile is held back and re-raised afterwards, so the
-        caller never releases the model while the worker still uses it.
-        """
-        held: asyncio.CancelledError | None = None
-        while not self._finished:
-            try:
-                await self.next()
-            except asyncio.CancelledError as exc:
-                held = exc
-            except ORSError:
-                pass
-        if held is not None:
-            raise held
-
-    def _run(self) -> None:
-        outcome: Finish | ORSError = ModelError("The local model stopped unexpectedly")
+    async def restore(self) -> None:
+        """Restore the slots saved by :meth:`save` at the last shutdown."""
+        index = self.server.options.slot_dir / "slots.json"
         try:
-            outcome = self._target(self._stop, self._emit)
-        except ORSError as exc:
-            outcome = exc
-        except Exception as exc:  # llama.cpp and its bindings fail with assorted types
-            outcome = ModelError(f"The local model failed: {exc}")
-        finally:
-            self._emit(outcome)
+            record = json.loads(index.read_text())
+        except (OSError, ValueError):
+            return
+        held = {int(slot): tokens for slot, tokens in record.get("held", {}).items() if int(slot) < self.slots.size}
+        restored = await self.server.restore_slots({slot: f"slot-{slot}.bin" for slot in held})
+        for slot in restored:
+            self.held[slot] = np.asarray(held[slot], dtype=np.int32)
+        self.keys = {key: slot for key, slot in record.get("keys", {}).items() if slot in restored}
+        if restored:
+            log.info("restored the prompt cache of %s: %d slot(s)", self.spec.id, len(restored))
 
-    def _emit(self, item: str | _Token | Finish | ORSError) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            self._stop.set()
+    async def close(self) -> None:
+        with contextlib.suppress(ORSError, OSError):
+            if self.server.running:
+                await self.save()
+        await self.server.stop()
+        self.vocabulary.close()
 
 
-class _Slot:
+def _shared_prefix(held: np.ndarray, tokens: np.ndarray) -> int:
+    length = min(len(held), len(tokens))
+    if length == 0:
+        return 0
+    differs = np.flatnonzero(held[:length] != tokens[:length])
+    return int(differs[0]) if len(differs) else length
+
+
+class _Entry:
+    """One served model id: its spec, and the model once started."""
+
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.model: LocalModel | None = None
         self.loading: asyncio.Future[LocalModel] | None = None
-        self.lock = asyncio.Lock()
 
 
 class LocalBackend(Backend):
-    """Serves the embedded models (see ``model_files.LOCAL_MODELS``) with llama.cpp."""
+    """Serves the embedded models (see ``model_files.LOCAL_MODELS``) with llama-server."""
 
     def __init__(
         self,
@@ -367,110 +274,159 @@ class LocalBackend(Backend):
         preload: Sequence[str] = (),
         models: Sequence[str] | None = None,
         output_parser: OutputParserFactory = tool_call_parser,
+        parallel: int = DEFAULT_PARALLEL,
+        queue: int = DEFAULT_QUEUE,
+        cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB,
+        kv_type: str = "f16",
+        server_binary: str | None = None,
     ) -> None:
-        """Configure; nothing is loaded before ``start()`` or first use.
+        """Configure; nothing is started before ``start()`` or first use.
 
-        ``cache_dir`` holds assembled model files (the server's data directory);
-        ``n_threads`` defaults to the CPUs this process may run on; ``n_ctx`` overrides each
-        model's context window; ``preload`` lists models to load in ``start()``; ``models``
-        limits the served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes
-        the parser of each generation's text (default: ``toolcalls.tool_call_parser``).
+        ``cache_dir`` is the server's data directory (assembled model files, saved KV
+        state, llama-server logs); ``n_threads`` defaults to the CPUs this process may run
+        on; ``n_ctx`` overrides each model's context window (the KV cache its slots
+        share); ``preload`` lists models to start in ``start()``; ``models`` limits the
+        served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes the parser
+        of each generation's text; ``parallel`` slots per model, ``queue`` requests may wait
+        for one; ``cache_ram_mib`` of host memory keep idle slots' prompt caches;
+        ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``server_binary`` the
+        llama-server executable (default: the installed one).
         """
         served = list(LOCAL_MODELS) if models is None else list(models)
         unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
         if unknown:
             raise ValueError(f"Unknown local models: {', '.join(unknown)}; known: {', '.join(LOCAL_MODELS)}")
+        self._data_dir = Path(cache_dir)
         self._files = ModelFiles(cache_dir)
         self._n_threads = n_threads or _available_cpus()
         self._n_ctx = n_ctx
         self._preload = list(preload)
         self._output_parser = output_parser
-        self._slots = {model: _Slot(LOCAL_MODELS[model]) for model in served}
+        self._parallel = parallel
+        self._queue = queue
+        self._cache_ram_mib = cache_ram_mib
+        self._kv_type = kv_type
+        self._server_binary = server_binary
+        self._entries = {model: _Entry(LOCAL_MODELS[model]) for model in served}
         for model in self._preload:
-            self._slots.setdefault(model, _Slot(LOCAL_MODELS[model]))
+            self._entries.setdefault(model, _Entry(LOCAL_MODELS[model]))
 
     def models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=m, owned_by="ors", context_window=self.context_window(m)) for m in self._slots]
+        return [ModelInfo(id=m, owned_by="ors", context_window=self.context_window(m)) for m in self._entries]
 
     def serves(self, model: str) -> bool:
-        return model in self._slots
+        return model in self._entries
 
     def context_window(self, model: str) -> int:
         """Tokens of context (prompt plus output) that ``model`` runs with."""
-        return self._n_ctx or self._slot(model).spec.context_window
+        return self._n_ctx or self._entry(model).spec.context_window
+
+    def slot_pool(self, model: str) -> SlotPool | None:
+        """The slots of ``model`` once it runs (for the queue and slot gauges)."""
+        entry = self._entry(model)
+        return entry.model.slots if entry.model is not None else None
+
+    def server_url(self, model: str) -> str | None:
+        """The loopback URL of ``model``'s llama-server once it runs."""
+        entry = self._entry(model)
+        return entry.model.server.base_url if entry.model is not None else None
 
     async def start(self) -> None:
         for model in self._preload:
-            await self._loaded(self._slot(model))
+            await self._loaded(self._entry(model))
 
     async def aclose(self) -> None:
-        """Free every model, each once its running generation (if any) has ended."""
-        for slot in self._slots.values():
-            if slot.loading is not None:
+        """Stop every model's server, saving its slots' prompt caches first."""
+        for entry in self._entries.values():
+            if entry.loading is not None:
                 with contextlib.suppress(ORSError):
-                    await asyncio.shield(slot.loading)
-            async with slot.lock:
-                if slot.model is not None:
-                    slot.model.close()
-                slot.model, slot.loading = None, None
+                    await asyncio.shield(entry.loading)
+            if entry.model is not None:
+                await entry.model.close()
+            entry.model, entry.loading = None, None
 
     async def count_tokens(self, model: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()) -> int:
-        """Prompt tokens of ``messages`` (and ``tools``) rendered with the model's template.
-
-        Tokenizing reads only the vocabulary, so it does not wait for a running generation.
-        """
-        loaded = await self._loaded(self._slot(model))
-        return len(await asyncio.to_thread(loaded.prompt_tokens, tuple(messages), tuple(tools)))
+        """Prompt tokens of ``messages`` (and ``tools``) rendered with the model's template."""
+        loaded = await self._loaded(self._entry(model))
+        return len(await asyncio.to_thread(loaded.vocabulary.prompt_tokens, tuple(messages), tuple(tools)))
 
     async def check(self, request: GenerationRequest) -> None:
-        """Schemas that cannot become a grammar are refused before the response starts."""
-        loaded = await self._loaded(self._slot(request.model))
+        """Schemas that cannot become a grammar are refused before the response starts,
+        and so is a request that would find the model's queue full (429)."""
+        loaded = await self._loaded(self._entry(request.model))
         plan = self._plan(request, loaded)
-        if plan.grammar is not None and not loaded.accepts_grammar(plan.grammar):
+        if plan.grammar is not None and not loaded.vocabulary.accepts_grammar(plan.grammar):
             raise InvalidRequest(
                 "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
                 param=plan.grammar_source,
             )
+        loaded.slots.check()
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        slot = self._slot(request.model)
-        loaded = await self._loaded(slot)
+        entry = self._entry(request.model)
+        loaded = await self._loaded(entry)
         plan = self._plan(request, loaded)
-        parser = self._output_parser(request, slot.spec)
-        ledger = LogprobLedger() if plan.logprobs else None
-        async with slot.lock:
-            generation = _Generation(
-                f"ors-generate-{slot.spec.id}", lambda stop, emit: loaded.generate(plan, stop, emit)
+        tokens = np.asarray(
+            await asyncio.to_thread(loaded.vocabulary.prompt_tokens, plan.messages, plan.tools), dtype=np.int32
+        )
+        window = loaded.context_window
+        if len(tokens) >= window:
+            raise ContextLengthExceeded(
+                f"The input takes {len(tokens)} tokens, but model '{entry.spec.id}' has a context "
+                f"window of {window} tokens for input and output together.",
+                param="input",
             )
-            generation.start()
-            try:
-                called_tools = False
-                while True:
-                    item = await generation.next()
-                    if isinstance(item, Finish):
-                        deltas = parser.close()
-                    elif isinstance(item, _Token):
-                        assert ledger is not None
-                        ledger.add(item.text, item.logprob)
-                        deltas = parser.feed(item.text) if item.text else []
-                    else:
-                        deltas = parser.feed(item)
+        budget = window - len(tokens)
+        max_tokens = budget if plan.max_tokens is None else min(plan.max_tokens, budget)
+        if max_tokens <= 0:
+            yield Finish("length", Usage(input_tokens=len(tokens)))
+            return
+        parser = self._output_parser(request, entry.spec)
+        ledger = LogprobLedger() if plan.logprobs else None
+        cache_key = request.cache_key
+        slot = await loaded.slots.acquire(loaded.ranker(tokens, cache_key))
+        loaded.remember(slot, tokens, cache_key)  # from now on the slot's KV cache holds (part of) it
+        try:
+            body = {
+                "prompt": tokens.tolist(),
+                "n_predict": max_tokens,
+                "id_slot": slot,
+                "cache_prompt": True,
+                **plan.sampling,
+                **({"grammar": plan.grammar} if plan.grammar is not None else {}),
+                **({"n_probs": max(1, plan.top_logprobs)} if plan.logprobs else {}),
+            }
+            called_tools = False
+            last: dict[str, Any] = {}
+            async with contextlib.aclosing(loaded.server.complete(body)) as chunks:
+                async for chunk in chunks:
+                    text = chunk.get("content") or ""
+                    if ledger is not None:
+                        _record(ledger, text, chunk.get("completion_probabilities") or (), plan.top_logprobs)
+                    deltas = parser.feed(text) if text else []
+                    if chunk.get("stop"):
+                        deltas += parser.close()
+                        last = chunk
                     if ledger is not None:
                         deltas = ledger.attribute(deltas)
                     for delta in deltas:
                         called_tools = called_tools or isinstance(delta, ToolCallDelta)
                         yield delta
-                    if isinstance(item, Finish):
-                        reason = "tool_calls" if called_tools and item.reason == "stop" else item.reason
-                        yield Finish(reason, item.usage)
-                        return
-            finally:
-                generation.stop()
-                await generation.wait_stopped()
+            timings = last.get("timings") or {}
+            produced = int(timings.get("predicted_n", last.get("tokens_predicted", 0)))
+            reason = _STOP_REASONS.get(str(last.get("stop_type")), "stop")
+            if reason == "stop" and called_tools:
+                reason = "tool_calls"
+            yield Finish(
+                reason,
+                Usage(input_tokens=len(tokens), output_tokens=produced, cached_tokens=int(timings.get("cache_n", 0))),
+            )
+        finally:
+            loaded.slots.release(slot)
 
-    def _slot(self, model: str) -> _Slot:
+    def _entry(self, model: str) -> _Entry:
         try:
-            return self._slots[model]
+            return self._entries[model]
         except KeyError:
             raise ModelNotFound(f"The model '{model}' does not exist", param="model") from None
 
@@ -478,7 +434,7 @@ class LocalBackend(Backend):
         """Raises ``InvalidRequest`` for a schema that cannot be made into a grammar."""
         chosen = request.sampling
         defaults = model.spec.sampling
-        grammar, source = tool_call_grammar(request.tools, request.tool_policy, model.call_shape), "tools"
+        grammar, source = tool_call_grammar(request.tools, request.tool_policy, model.vocabulary.call_shape), "tools"
         if grammar is None:
             grammar, source = output_grammar(request.output_format), "text.format.schema"
         return _Plan(
@@ -488,7 +444,7 @@ class LocalBackend(Backend):
             grammar_source=source,
             max_tokens=chosen.max_output_tokens,
             sampling={
-                "temp": defaults.temperature if chosen.temperature is None else chosen.temperature,
+                "temperature": defaults.temperature if chosen.temperature is None else chosen.temperature,
                 "top_p": defaults.top_p if chosen.top_p is None else chosen.top_p,
                 "top_k": defaults.top_k,
                 "min_p": defaults.min_p,
@@ -500,29 +456,62 @@ class LocalBackend(Backend):
             top_logprobs=chosen.top_logprobs or 0,
         )
 
-    async def _loaded(self, slot: _Slot) -> LocalModel:
-        """The slot's model, loading it once; a cancelled waiter does not cancel the load."""
-        if slot.model is not None:
-            return slot.model
-        if slot.loading is None:
-            slot.loading = asyncio.ensure_future(asyncio.to_thread(self._load, slot.spec))
-        loading = slot.loading
+    async def _loaded(self, entry: _Entry) -> LocalModel:
+        """The entry's model, started once; a cancelled waiter does not cancel the start."""
+        if entry.model is not None:
+            return entry.model
+        if entry.loading is None:
+            entry.loading = asyncio.ensure_future(self._load(entry.spec))
+        loading = entry.loading
         try:
-            slot.model = await asyncio.shield(loading)
+            entry.model = await asyncio.shield(loading)
         except ORSError:
-            if slot.loading is loading:
-                slot.loading = None
+            if entry.loading is loading:
+                entry.loading = None
             raise
-        return slot.model
+        return entry.model
 
-    def _load(self, spec: ModelSpec) -> LocalModel:
+    async def _load(self, spec: ModelSpec) -> LocalModel:
         try:
-            path = self._files.path(spec.id)
-            return LocalModel(spec, path, n_ctx=self.context_window(spec.id), n_threads=self._n_threads)
+            path = await asyncio.to_thread(self._files.path, spec.id)
+            vocabulary = await asyncio.to_thread(Vocabulary, spec, path)
         except ORSError:
             raise
         except Exception as exc:
             raise ModelError(f"The model '{spec.id}' failed to load: {exc}") from exc
+        options = ServerOptions(
+            model_path=path,
+            context=self.context_window(spec.id),
+            parallel=self._parallel,
+            threads=self._n_threads,
+            cache_ram_mib=self._cache_ram_mib,
+            slot_dir=self._data_dir / "kv" / spec.id,
+            kv_type=self._kv_type,
+        )
+        server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log")
+        try:
+            await server.start()
+        except BaseException:
+            vocabulary.close()
+            raise
+        model = LocalModel(spec, vocabulary, server, SlotPool(self._parallel, self._queue))
+        await model.restore()
+        return model
+
+
+def _record(ledger: LogprobLedger, text: str, probabilities: Sequence[dict[str, Any]], top: int) -> None:
+    """The tokens of one streamed chunk into the ledger: the chunk's text goes with its
+    last token (a chunk holds several tokens only when they complete one character)."""
+    for position, entry in enumerate(probabilities):
+        token_text = text if position == len(probabilities) - 1 else ""
+        alternatives = tuple(_logprob(other, str(other.get("token", ""))) for other in entry.get("top_logprobs", ())[:top])
+        ledger.add(token_text, _logprob(entry, token_text, alternatives))
+
+
+def _logprob(entry: dict[str, Any], text: str, top: tuple[TokenLogprob, ...] = ()) -> TokenLogprob:
+    raw = entry.get("bytes")
+    token_bytes = bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode()
+    return TokenLogprob(text, float(entry.get("logprob", float("-inf"))), token_bytes, top)
 
 
 def _available_cpus() -> int:
@@ -530,39 +519,3 @@ def _available_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-_MODEL_PARAMS_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _llama_model_params(**fields: Any) -> Iterator[None]:
-    """Make ``Llama()`` load with these ``llama_model_params`` fields set.
-
-    ``Llama()`` exposes no argument for some fields, so the default-params factory it calls
-    is wrapped for the duration of one load; loads are serialised by a lock.
-    """
-    with _MODEL_PARAMS_LOCK:
-        original = llama_cpp.llama_cpp.llama_model_default_params
-
-        def with_fields() -> Any:
-            params = original()
-            for name, value in fields.items():
-                setattr(params, name, value)
-            return params
-
-        llama_cpp.llama_cpp.llama_model_default_params = with_fields
-        try:
-            yield
-        finally:
-            llama_cpp.llama_cpp.llama_model_default_params = original
-
-
-def _weight_repacking_is_safe() -> bool:
-    """Whether llama.cpp may put weights into its extra (repacked) CPU buffers.
-
-    A build that includes the AMX kernels crashes (SIGSEGV in ``ldtilecfg``) on virtual
-    machines that advertise AMX without enabling it, on the first batched decode. Without
-    the extra buffers the AMX kernels are never used; decoding is somewhat slower.
-    """
-    return b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info()

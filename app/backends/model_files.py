@@ -78,7 +78,7 @@ class ModelSpec:
     sha256: str
     size: int
     context_window: int = 4096
-    """Tokens of context allocated when the model is loaded (prompt plus output)."""
+    """The model's trained window: tokens of context (prompt plus output) it is served with."""
     template_renders_tools: bool = False
     """Whether the GGUF's own chat template has a tools section (``tools=`` is rendered)."""
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
@@ -106,6 +106,7 @@ QWEN_CODER = ModelSpec(
     ),
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     size=1_117_320_768,
+    context_window=32_768,
     template_renders_tools=True,
     sampling=SamplingDefaults(temperature=0.7, top_p=0.8, top_k=20, min_p=0.0, repeat_penalty=1.05),
     notes="Qwen2.5-Coder-1.5B-Instruct Q4_K_M. ChatML template with a tools section; tool "
@@ -124,6 +125,7 @@ SMOLLM2 = ModelSpec(
     ),
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     size=98_362_432,
+    context_window=8_192,
     template_renders_tools=False,
     sampling=SamplingDefaults(temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.1),
     notes="SmolLM2-135M-Instruct Q4_1. Plain ChatML template without tools; small and fast, "

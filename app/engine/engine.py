@@ -143,6 +143,7 @@ class Engine:
             ),
             output_format=_output_format(body),
             reasoning_effort=body.reasoning.effort if body.reasoning else None,
+            cache_key=body.prompt_cache_key,
         )
         await backend.check(request)
         initial = initial_response(

@@ -9,13 +9,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import InvalidRequest, NotFound, ORSError, ServerError
+from app.errors import InvalidRequest, NotFound, ORSError, ServerError, TooManyRequests
 
 log = logging.getLogger("ors.http")
 
 
 def error_response(error: ORSError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = None
+    if error.status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(error, TooManyRequests):
+        headers = {"Retry-After": str(error.retry_after)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 

@@ -54,7 +54,7 @@ def files_for(spec: ModelSpec, cache_dir: Path) -> ModelFiles:
 
 def test_registry_lists_both_models() -> None:
     assert set(LOCAL_MODELS) == {QWEN, "smollm2-135m-instruct"}
-    assert all(spec.context_window == 4096 for spec in LOCAL_MODELS.values())
+    assert {spec.id: spec.context_window for spec in LOCAL_MODELS.values()} == {QWEN: 32768, "smollm2-135m-instruct": 8192}
 
 
 def test_smollm2_is_found_in_its_package_and_verified(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ would run it."""
 
 from __future__ import annotations
 
+from subprocess import CompletedProcess
+
 from tests.acceptance import run_acceptance
 from tests.conftest import QWEN
 from tests.live import LiveServer
@@ -30,9 +32,24 @@ ACCEPTANCE_SUITE = {
 }
 
 
-def test_all_17_acceptance_tests_pass_on_the_default_model(server: LiveServer) -> None:
-    verdicts, result = run_acceptance(f"{server.url}/v1", QWEN)
+def _assert_all_pass(verdicts: dict[str, str], result: CompletedProcess[str]) -> None:
     assert set(verdicts) == ACCEPTANCE_SUITE, result.stdout + result.stderr
     failed = sorted(name for name, verdict in verdicts.items() if verdict != "PASS")
     assert not failed, result.stdout + result.stderr
     assert result.returncode == 0
+
+
+def test_all_17_acceptance_tests_pass_on_the_default_model(server: LiveServer) -> None:
+    _assert_all_pass(*run_acceptance(f"{server.url}/v1", QWEN))
+
+
+def test_all_17_at_once_as_the_official_harness_runs_them(server: LiveServer) -> None:
+    """All at once, with the 30 s WebSocket turn timer: the embedded model serves several
+    generations together, so the WebSocket tests do not starve behind the HTTP ones."""
+    _assert_all_pass(*run_acceptance(f"{server.url}/v1", QWEN, concurrent=True))
+
+
+def test_all_17_at_once_under_the_suite_default_model_name(server: LiveServer) -> None:
+    """Without --model the harness asks for gpt-4o-mini: ORS_MODEL_ALIASES maps it."""
+    verdicts, result = run_acceptance(f"{server.url}/v1", "gpt-4o-mini", concurrent=True)
+    _assert_all_pass(verdicts, result)

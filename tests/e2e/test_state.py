@@ -43,7 +43,7 @@ def stateful(request: pytest.FixtureRequest, model_dir: Path, tmp_path_factory: 
         database_url=database_url,
         api_keys=list(KEYS),
     )
-    model = RecordingBackend(LocalBackend(model_dir, n_threads=2, preload=[SMOL], models=[SMOL]))
+    model = RecordingBackend(LocalBackend(model_dir, n_threads=2, n_ctx=4096, preload=[SMOL], models=[SMOL]))
     scripted = scripted_backend()
     server = LiveServer(create_app(settings, backends=[model, scripted])).start()
     alice, bob = Client(server.url, api_key=KEYS[0]), Client(server.url, api_key=KEYS[1])

@@ -1,0 +1,259 @@
+"""llama.cpp's own server (``llama-server``) as the embedded models' engine.
+
+One child process per loaded model, listening on a loopback port of its own. It does
+what llama.cpp already does best, so this server does not do it again in Python:
+
+* **Continuous batching.** ``--parallel N`` slots share one batch per decode step; a new
+  request joins at once, and a long prompt is evaluated in chunks of ``--ubatch-size``
+  interleaved with the running streams' decoding.
+* **One KV cache for all slots** (``--kv-unified``): any one sequence may use the whole
+  context window; the slots together share it.
+* **A prompt cache that outlives requests.** A slot keeps its KV state after its request
+  ends and the next request with a shared prefix reuses it; idle slots' states also move
+  into a host-memory cache (``--cache-ram`` MiB, least recently used out), from which any
+  slot can restore the longest matching prefix.
+* **Persistence.** :meth:`LlamaServer.save_slots` writes every slot's state under
+  ``slot_dir`` (at shutdown); :meth:`LlamaServer.restore_slots` loads them back at the next
+  start, so a restarted server answers a known prefix from cache.
+
+This module knows the process and the wire format (``POST /completion``, streamed); the
+backend (``local.py``) decides what to ask.
+
+Contract of :meth:`LlamaServer.complete`: an async iterator of the server's stream chunks
+(parsed JSON objects, the last one with ``stop: true``). Closing it closes the HTTP
+response, which llama-server notices and cancels the generation, freeing the slot.
+Connection and HTTP failures raise ``ModelError``; a 400 from llama-server (a bad grammar,
+say) raises ``InvalidRequest``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.errors import InvalidRequest, ModelError
+
+log = logging.getLogger("ors.llama_server")
+
+STARTUP_SECONDS = 300.0
+"""How long a model may take to load (the first load of a large file is disk-bound)."""
+
+
+def find_binary(configured: str | None = None) -> Path:
+    """The llama-server executable: ``configured``, else the one installed beside this
+    Python (``make install`` puts it there), else the first on ``PATH``."""
+    candidates = [configured] if configured else [str(Path(sys.prefix) / "bin" / "llama-server"), "llama-server"]
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return Path(found)
+    raise ModelError(
+        "llama-server, which runs the embedded models, is not installed: run `make install` "
+        "(it builds llama.cpp's server), or set ORS_LLAMA_SERVER to its path.",
+        code="model_unavailable",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    """How one model's llama-server runs."""
+
+    model_path: Path
+    context: int
+    """Tokens of KV cache, shared by all slots (and the most one sequence may use)."""
+    parallel: int
+    threads: int
+    cache_ram_mib: int
+    slot_dir: Path
+    kv_type: str = "f16"
+    """``f16``, or a quantized type (``q8_0``) that halves the KV cache's memory."""
+    batch: int = 512
+    """Prompt tokens per chunk, interleaved with the other slots' decoding."""
+
+    def arguments(self, binary: Path, port: int) -> list[str]:
+        return [
+            str(binary),
+            "--model", str(self.model_path),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+            "--ctx-size", str(self.context),
+            "--parallel", str(self.parallel),
+            "--kv-unified",
+            "--cont-batching",
+            "--threads", str(self.threads),
+            "--threads-batch", str(self.threads),
+            "--batch-size", str(self.batch),
+            "--ubatch-size", str(self.batch),
+            "--cache-ram", str(self.cache_ram_mib),
+            "--cache-type-k", self.kv_type,
+            "--cache-type-v", self.kv_type,
+            "--slot-save-path", str(self.slot_dir),
+            "--no-webui",
+            "--no-warmup",  # an empty run at start: seconds per start, nothing for the first request
+            "--metrics",
+            "--no-jinja",  # prompts arrive rendered, as token ids
+        ]
+
+
+class LlamaServer:
+    """One running llama-server. Start with :meth:`start`, stop with :meth:`stop`."""
+
+    def __init__(self, binary: Path, options: ServerOptions, log_path: Path) -> None:
+        self.binary = binary
+        self.options = options
+        self.log_path = log_path
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Spawn the process and wait until its model is loaded (``/health`` is 200)."""
+        self.options.slot_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        arguments = self.options.arguments(self.binary, self.port)
+        log.info("starting llama-server for %s on port %d", self.options.model_path.name, self.port)
+        # OpenMP's default wait policy (spin briefly, then sleep) for the server's threads:
+        # PASSIVE, right for a model sharing cores with this process, makes a separate
+        # server decode three times slower here (32 against 92 tokens/s on SmolLM2).
+        env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+        with self.log_path.open("ab") as output:
+            self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+                arguments, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True,
+            )
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        deadline = asyncio.get_running_loop().time() + STARTUP_SECONDS
+        while True:
+            if not self.running:
+                raise ModelError(f"llama-server exited while loading the model:\n{self._log_tail()}",
+                                 code="model_unavailable")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await self._client.get("/health", timeout=2.0)).status_code == 200:
+                    return
+            if asyncio.get_running_loop().time() > deadline:
+                await self.stop()
+                raise ModelError(f"llama-server did not load the model in {STARTUP_SECONDS:.0f} s",
+                                 code="model_unavailable")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after 10 s) and close the client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(process.wait, 10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            await asyncio.to_thread(process.wait)
+
+    # ------------------------------------------------------------ slots
+
+    async def save_slots(self, names: Mapping[int, str]) -> None:
+        """Save the KV state of each slot ``i`` to ``slot_dir/names[i]``."""
+        for slot, name in names.items():
+            await self._slot_action(slot, "save", name)
+
+    async def restore_slots(self, names: Mapping[int, str]) -> list[int]:
+        """Restore saved slot states; the slots that were restored."""
+        restored = []
+        for slot, name in names.items():
+            if (self.options.slot_dir / name).is_file() and await self._slot_action(slot, "restore", name):
+                restored.append(slot)
+        return restored
+
+    async def _slot_action(self, slot: int, action: str, name: str) -> bool:
+        client = self._require_client()
+        try:
+            reply = await client.post(f"/slots/{slot}", params={"action": action}, json={"filename": name},
+                                      timeout=120.0)
+        except httpx.HTTPError as exc:
+            log.warning("llama-server could not %s slot %d: %s", action, slot, exc)
+            return False
+        if reply.status_code != 200:
+            log.warning("llama-server could not %s slot %d: %s", action, slot, reply.text[:300])
+            return False
+        return True
+
+    # ------------------------------------------------------------ generation
+
+    async def complete(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Stream ``POST /completion``; see the module docstring."""
+        client = self._require_client()
+        try:
+            async with client.stream("POST", "/completion", json={**body, "stream": True}) as reply:
+                if reply.status_code != 200:
+                    raise _error(reply.status_code, (await reply.aread()).decode(errors="replace"))
+                async for line in reply.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if isinstance(chunk, dict) and "error" in chunk:
+                        raise _error(500, json.dumps(chunk["error"]))
+                    yield chunk
+                    if chunk.get("stop"):
+                        return
+        except httpx.HTTPError as exc:
+            raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
+        raise ModelError("The embedded model's server ended the stream early.", code="model_stream_ended")
+
+    def _require_client(self) -> httpx.AsyncClient:
+        if self._client is None or not self.running:
+            raise ModelError(f"llama-server is not running:\n{self._log_tail()}", code="model_unavailable")
+        return self._client
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _error(status: int, text: str) -> Exception:
+    try:
+        message = json.loads(text).get("error", {}).get("message", text)
+    except (ValueError, AttributeError):
+        message = text
+    if status == 400:
+        return InvalidRequest(f"The embedded model refused the request: {message}")
+    return ModelError(f"The embedded model's server answered {status}: {message}", code="model_error")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,274 @@
+"""The embedded engine, side by side with raw llama.cpp, in one run.
+
+*raw llama.cpp* is llama.cpp's own server, the same binary and GGUF file that ors runs,
+with the same slots and context, driven directly with ``POST /completion`` and the exact
+prompt tokens ors would send. *ors* is the real server on loopback, ``POST
+/v1/responses`` streamed. Both are measured one after the other on the same machine.
+
+Figures (printed, and written to ``bench/results/embedded-<time>.json`` and ``.png``):
+
+* single-stream decode, tokens/s (client-side: from the first text to the end), and ors
+  as a share of raw;
+* aggregate decode of 4 concurrent streams, and its ratio to one stream;
+* time to first token of a new conversation whose long instruction prefix (``--prefix``
+  tokens, about what a coding agent sends) is: not cached (cold), cached by an earlier
+  conversation, and cached before a restart of ors.
+
+Run: ``make bench`` (all benchmarks) or ``python -m bench embedded [--model ID]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from app.backends.base import ChatMessage
+from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
+from app.backends.local import DEFAULT_PARALLEL, Vocabulary
+from app.backends.model_files import LOCAL_MODELS, ModelFiles
+from app.config import Settings
+from app.main import create_app
+from tests.live import LiveServer
+
+RESULTS = Path(__file__).parent / "results"
+QUESTION = "Count from 1 to 1000, separated by commas."
+
+
+@dataclass
+class Figures:
+    model: str
+    decode_tokens: int
+    prefix_tokens: int
+    raw: dict[str, float] = field(default_factory=dict)
+    ors: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Stream:
+    first: float
+    end: float
+    tokens: int
+
+    @property
+    def rate(self) -> float:
+        return (self.tokens - 1) / (self.end - self.first) if self.end > self.first and self.tokens > 1 else 0.0
+
+
+def _aggregate(streams: list[Stream]) -> float:
+    span = max(s.end for s in streams) - min(s.first for s in streams)
+    return sum(s.tokens for s in streams) / span if span > 0 else 0.0
+
+
+def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
+    """Agent-like instructions of about ``tokens`` tokens, new each run (so the cold
+    figure is cold), built from numbered rules."""
+    rng = random.Random(time.time_ns())
+    nouns = ["module", "test", "commit", "branch", "schema", "endpoint", "migration", "fixture", "config", "log"]
+    verbs = ["run", "check", "lint", "format", "review", "document", "benchmark", "profile", "refactor", "pin"]
+    lines = [f"Session {rng.getrandbits(64):x}. You are a coding agent working in a repository."]
+    while True:
+        number = len(lines)
+        lines.append(f"Rule {number}: before you {rng.choice(verbs)} a {rng.choice(nouns)}, "
+                     f"{rng.choice(verbs)} the {rng.choice(nouns)} and the {rng.choice(nouns)} it touches.")
+        if number % 50 == 0:
+            text = "\n".join(lines)
+            if len(vocabulary.prompt_tokens((ChatMessage("system", text),), ())) >= tokens:
+                return text
+
+
+# ---------------------------------------------------------------- raw llama.cpp
+
+
+async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int) -> Stream:
+    started = time.perf_counter()
+    first = end = 0.0
+    tokens = 0
+    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True, "stream": True}
+    async with client.stream("POST", "/completion", json=body) as reply:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("content") and not first:
+                first = time.perf_counter()
+            if chunk.get("stop"):
+                end = time.perf_counter()
+                tokens = int(chunk.get("timings", {}).get("predicted_n", 0))
+    return Stream(first - started, end - started, tokens)
+
+
+async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions, instructions: str,
+               work: Path) -> None:
+    server = LlamaServer(find_binary(), options, work / "raw-llama-server.log")
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=None) as client:
+            def prompt(*messages: ChatMessage) -> list[int]:
+                return vocabulary.prompt_tokens(messages, ())
+
+            await _raw_stream(client, prompt(ChatMessage("user", "Hi")), 4)  # warm-up
+            one = await _raw_stream(client, prompt(ChatMessage("user", QUESTION)), figures.decode_tokens)
+            many = await asyncio.gather(*[
+                _raw_stream(client, prompt(ChatMessage("user", f"{QUESTION} ({k})")), figures.decode_tokens)
+                for k in range(DEFAULT_PARALLEL)
+            ])
+            cold = await _raw_stream(client, prompt(ChatMessage("system", instructions),
+                                                    ChatMessage("user", "What is rule 7?")), 8)
+            warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
+                                                    ChatMessage("user", "What is rule 12?")), 8)
+    finally:
+        await server.stop()
+    figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first)
+
+
+# ---------------------------------------------------------------- ors
+
+
+async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> Stream:
+    started = time.perf_counter()
+    first = end = 0.0
+    tokens = 0
+    async with client.stream("POST", "/v1/responses", json={**body, "stream": True, "store": False}) as reply:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if event["type"] == "response.output_text.delta" and not first:
+                first = time.perf_counter()
+            if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
+                end = time.perf_counter()
+                tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
+    return Stream(first - started, end - started, tokens)
+
+
+def _ors_server(data_dir: Path, model: str) -> LiveServer:
+    settings = Settings(data_dir=data_dir, default_model=model, model_parallel=DEFAULT_PARALLEL)
+    return LiveServer(create_app(settings), graceful_seconds=30).start(timeout=600)
+
+
+async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
+    model = figures.model
+    server = _ors_server(data_dir, model)
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=None) as client:
+            await _ors_stream(client, {"model": model, "input": "Hi", "max_output_tokens": 16})  # warm-up
+            one = await _ors_stream(client, {"model": model, "input": QUESTION, "temperature": 0,
+                                             "max_output_tokens": figures.decode_tokens})
+            many = await asyncio.gather(*[
+                _ors_stream(client, {"model": model, "input": f"{QUESTION} ({k})", "temperature": 0,
+                                     "max_output_tokens": figures.decode_tokens})
+                for k in range(DEFAULT_PARALLEL)
+            ])
+            ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
+            cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
+            warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
+    finally:
+        server.stop()  # saves the slots' prompt caches
+    restarted_at = time.perf_counter()
+    server = _ors_server(data_dir, model)
+    restart_seconds = time.perf_counter() - restarted_at
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=None) as client:
+            again = await _ors_stream(client, {**ask, "input": "What is rule 20?", "prompt_cache_key": "agent"})
+    finally:
+        server.stop()
+    figures.ors.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
+                       ttft_after_restart=again.first, restart_seconds=restart_seconds)
+
+
+# ---------------------------------------------------------------- report
+
+
+def _report(figures: Figures) -> dict[str, Any]:
+    raw, ors = figures.raw, figures.ors
+    ratios = {
+        "single_decode_share_of_raw": ors["decode_1"] / raw["decode_1"],
+        "ors_4_streams_over_1": ors["decode_4"] / ors["decode_1"],
+        "raw_4_streams_over_1": raw["decode_4"] / raw["decode_1"],
+    }
+    print(f"\nembedded engine, {figures.model}: raw llama.cpp vs ors, same binary and model file")
+    print(f"{'':34}{'raw llama.cpp':>15}{'ors':>12}")
+    print(f"{'decode, 1 stream (tokens/s)':34}{raw['decode_1']:15.1f}{ors['decode_1']:12.1f}"
+          f"   ors/raw {ratios['single_decode_share_of_raw']:.1%}  (target >= 95%)")
+    print(f"{'decode, 4 streams (tokens/s)':34}{raw['decode_4']:15.1f}{ors['decode_4']:12.1f}"
+          f"   4/1: raw {ratios['raw_4_streams_over_1']:.2f}x, ors {ratios['ors_4_streams_over_1']:.2f}x"
+          "  (target >= 2.5x)")
+    print(f"{f'first token, {figures.prefix_tokens}-token prefix cold (s)':34}"
+          f"{raw['ttft_cold']:15.2f}{ors['ttft_cold']:12.2f}")
+    print(f"{'first token, prefix cached (s)':34}{raw['ttft_cached']:15.2f}{ors['ttft_cached']:12.2f}"
+          "   (target <= 10 s)")
+    print(f"{'first token, cached, after restart (s)':34}{'':>15}{ors['ttft_after_restart']:12.2f}"
+          f"   (target <= 15 s; restart took {ors['restart_seconds']:.1f} s)")
+    return {**asdict(figures), "ratios": ratios}
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    raw, ors = report["raw"], report["ors"]
+    figure, (decode, ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = ["1 stream", "4 streams"]
+    xs = range(len(labels))
+    decode.bar([x - 0.2 for x in xs], [raw["decode_1"], raw["decode_4"]], 0.4, label="raw llama.cpp")
+    decode.bar([x + 0.2 for x in xs], [ors["decode_1"], ors["decode_4"]], 0.4, label="ors")
+    decode.set_xticks(list(xs), labels)
+    decode.set_ylabel("tokens/s")
+    decode.set_title("decode")
+    decode.legend()
+    stages = ["cold", "cached", "after restart"]
+    ttft.bar([x - 0.2 for x in range(2)], [raw["ttft_cold"], raw["ttft_cached"]], 0.4, label="raw llama.cpp")
+    ttft.bar([x + 0.2 for x in range(3)], [ors["ttft_cold"], ors["ttft_cached"], ors["ttft_after_restart"]], 0.4,
+             label="ors")
+    ttft.set_xticks(range(3), stages)
+    ttft.set_ylabel("seconds")
+    ttft.set_title(f"first token, {report['prefix_tokens']}-token prefix")
+    ttft.legend()
+    figure.suptitle(f"embedded engine: {report['model']}")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+async def run(model: str, prefix_tokens: int, decode_tokens: int) -> dict[str, Any]:
+    RESULTS.mkdir(exist_ok=True)
+    data_dir = RESULTS / "data"
+    work = RESULTS / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    spec = LOCAL_MODELS[model]
+    path = ModelFiles(data_dir).path(model)
+    vocabulary = Vocabulary(spec, path)
+    settings = Settings(data_dir=data_dir)
+    options = ServerOptions(
+        model_path=path, context=settings.model_context or spec.context_window, parallel=settings.model_parallel,
+        threads=settings.model_threads, cache_ram_mib=settings.model_cache_ram_mib, slot_dir=work / "raw-slots",
+        kv_type=settings.model_kv_type,
+    )
+    figures = Figures(model=model, decode_tokens=decode_tokens, prefix_tokens=prefix_tokens)
+    await _raw(figures, vocabulary, options, _instructions(vocabulary, prefix_tokens), work)
+    await _ors(figures, _instructions(vocabulary, prefix_tokens), data_dir)
+    vocabulary.close()
+    report = _report(figures)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (RESULTS / f"embedded-{stamp}.json").write_text(json.dumps(report, indent=2))
+    _plot(report, RESULTS / f"embedded-{stamp}.png")
+    print(f"wrote {RESULTS / f'embedded-{stamp}.json'} and .png")
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench embedded")
+    parser.add_argument("--model", default=Settings().default_model, choices=sorted(LOCAL_MODELS))
+    parser.add_argument("--prefix", type=int, default=6000, help="tokens of the shared instruction prefix")
+    parser.add_argument("--decode", type=int, default=128, help="tokens per decode stream")
+    arguments = parser.parse_args(argv)
+    asyncio.run(run(arguments.model, arguments.prefix, arguments.decode))

@@ -1,0 +1,129 @@
+"""The embedded engine under several users, over HTTP against the real server: streams
+decoded together, grammars per sequence, the bounded queue, slots freed by a client
+that goes away, and the prompt cache reported in ``usage``."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from app.backends.local import LocalBackend
+from app.config import Settings
+from app.main import create_app
+from tests.client import Client
+from tests.conftest import SMOL
+from tests.live import LiveServer
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+LONG = "Write a very long essay about the history of Rome, at least 5000 words."  # ~600 tokens, greedy
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_concurrent_streams_are_decoded_together(client: Client) -> None:
+    """Four streams at once: each gets its first text before any of them has ended."""
+    firsts: list[float] = []
+    ends: list[float] = []
+    lock = threading.Lock()
+
+    def one(number: int) -> None:
+        body = {"model": SMOL, "input": f"Count from {number} to 200.", "max_output_tokens": 64, "temperature": 0,
+                "stream": True, "store": False}
+        first = None
+        with client.http.stream("POST", "/v1/responses", json=body) as reply:
+            for line in reply.iter_lines():
+                if first is None and line.startswith("event: response.output_text.delta"):
+                    first = time.monotonic()
+        with lock:
+            firsts.append(first or time.monotonic())
+            ends.append(time.monotonic())
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(one, range(4)))
+    assert max(firsts) < min(ends)
+
+
+def test_grammars_hold_per_sequence_when_generated_together(client: Client) -> None:
+    """A forced call, a strict schema and free text, in one batch: each keeps its own."""
+    requests: list[dict[str, Any]] = [
+        {"model": SMOL, "input": "Weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
+         "max_output_tokens": 64},
+        {"model": SMOL, "input": "Invent a person.", "max_output_tokens": 64,
+         "text": {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}},
+        {"model": SMOL, "input": "Say something nice.", "max_output_tokens": 32},
+    ]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        call, person, text = pool.map(lambda body: client.stream(**body).final, requests)
+    calls = [item for item in call["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "get_weather" and "city" in json.loads(calls[0]["arguments"])
+    if person["status"] == "completed":
+        jsonschema.validate(json.loads(person["output"][0]["content"][0]["text"]), PERSON)
+    assert text["status"] in ("completed", "incomplete") and not [
+        item for item in text["output"] if item["type"] == "function_call"
+    ]
+
+
+def test_the_shared_prefix_of_a_new_conversation_is_reported_cached(client: Client) -> None:
+    instructions = "You are a meticulous assistant for a hardware store. " * 40
+    first = client.create(model=SMOL, instructions=instructions, input="Do you sell hammers?", max_output_tokens=16,
+                          prompt_cache_key="store-assistant")
+    second = client.create(model=SMOL, instructions=instructions, input="Do you sell nails?", max_output_tokens=16,
+                           prompt_cache_key="store-assistant")
+    cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+    assert cached > 300 and cached >= first["usage"]["input_tokens"] - 20
+    assert cached < second["usage"]["input_tokens"]
+
+
+@pytest.fixture(scope="module")
+def one_slot(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    """A server whose model has one slot and no queue."""
+    local = LocalBackend(model_dir, n_threads=2, preload=[SMOL], models=[SMOL], parallel=1, queue=0)
+    settings = Settings(default_model=SMOL, data_dir=tmp_path_factory.mktemp("one-slot"))
+    server = LiveServer(create_app(settings, backends=[local])).start()
+    client = Client(server.url)
+    yield client
+    client.close()
+    server.stop()
+
+
+def test_beyond_the_queue_a_request_is_a_429_before_its_response_starts(one_slot: Client) -> None:
+    # a long new prompt keeps the only slot busy for seconds (its evaluation), whatever
+    # the model then writes
+    words = " ".join(random.choice(["alpha", "beta", "gamma", "delta", "kappa", "omega"]) for _ in range(2500))
+    body = {"model": SMOL, "input": f"{words}\n{LONG}", "max_output_tokens": 4000, "temperature": 0,
+            "stream": True, "store": False}
+    with one_slot.http.stream("POST", "/v1/responses", json=body) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()  # kept: an abandoned iterator would close the response
+        while not next(lines).startswith("event: response.in_progress"):
+            pass
+        time.sleep(0.3)  # the turn's pump has asked for the slot
+        error = one_slot.error({"model": SMOL, "input": "Hi"}, 429)
+        assert error["type"] == "too_many_requests"
+        refused = one_slot.http.post("/v1/responses", json={"model": SMOL, "input": "Hi"})
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+    # the client went away: its slot is free again at once
+    deadline = time.monotonic() + 10
+    while True:
+        reply = one_slot.http.post("/v1/responses", json={"model": SMOL, "input": "Hi", "max_output_tokens": 16})
+        if reply.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert reply.status_code == 200, reply.text

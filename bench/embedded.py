@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,27 @@ def _aggregate(streams: list[Stream]) -> float:
     return sum(s.tokens for s in streams) / span if span > 0 else 0.0
 
 
+def _rss_mib(pid: int) -> float:
+    """Resident memory of a process, MiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _llama_server_children() -> list[int]:
+    """This process's llama-server children (the ors server under test runs in-process)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:
+            continue
+        if fields[1] == "(llama-server)" and int(fields[3]) == os.getpid():
+            found.append(int(fields[0]))
+    return found
+
+
 def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
     """Agent-like instructions of about ``tokens`` tokens, new each run (so the cold
     figure is cold), built from numbered rules."""
@@ -88,6 +110,15 @@ def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
 
 
 async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int) -> Stream:
+    """One streamed completion; retried once if a kept-alive connection was closed
+    under it before anything arrived (as the backend does)."""
+    try:
+        return await _raw_stream_once(client, prompt, n_predict)
+    except httpx.RemoteProtocolError:
+        return await _raw_stream_once(client, prompt, n_predict)
+
+
+async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predict: int) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
     tokens = 0
@@ -124,9 +155,12 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions,
                                                     ChatMessage("user", "What is rule 7?")), 8)
             warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
                                                     ChatMessage("user", "What is rule 12?")), 8)
+        assert server.process is not None
+        rss = _rss_mib(server.process.pid)
     finally:
         await server.stop()
-    figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first)
+    figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
+                       server_rss_mib=rss)
 
 
 # ---------------------------------------------------------------- ors
@@ -170,6 +204,7 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
             ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
+        rss = sum(_rss_mib(pid) for pid in _llama_server_children())
     finally:
         server.stop()  # saves the slots' prompt caches
     restarted_at = time.perf_counter()
@@ -181,7 +216,7 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
     finally:
         server.stop()
     figures.ors.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
-                       ttft_after_restart=again.first, restart_seconds=restart_seconds)
+                       ttft_after_restart=again.first, restart_seconds=restart_seconds, server_rss_mib=rss)
 
 
 # ---------------------------------------------------------------- report
@@ -207,6 +242,7 @@ def _report(figures: Figures) -> dict[str, Any]:
           "   (target <= 10 s)")
     print(f"{'first token, cached, after restart (s)':34}{'':>15}{ors['ttft_after_restart']:12.2f}"
           f"   (target <= 15 s; restart took {ors['restart_seconds']:.1f} s)")
+    print(f"{'llama-server RSS, after the prefix (MiB)':34}{raw['server_rss_mib']:15.0f}{ors['server_rss_mib']:12.0f}")
     return {**asdict(figures), "ratios": ratios}
 
 

@@ -212,24 +212,37 @@ class LlamaServer:
     # ------------------------------------------------------------ generation
 
     async def complete(self, body: Mapping[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Stream ``POST /completion``; see the module docstring."""
+        """Stream ``POST /completion``; see the module docstring.
+
+        One retry, invisible to the caller: when the connection breaks before a single
+        chunk arrived. That is how a kept-alive connection that llama-server has just closed
+        fails (its HTTP library closes idle ones); nothing was generated, so nothing is
+        repeated."""
         client = self._require_client()
-        try:
-            async with client.stream("POST", "/completion", json={**body, "stream": True}) as reply:
-                if reply.status_code != 200:
-                    raise _error(reply.status_code, (await reply.aread()).decode(errors="replace"))
-                async for line in reply.aiter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if isinstance(chunk, dict) and "error" in chunk:
-                        raise _error(500, json.dumps(chunk["error"]))
-                    yield chunk
-                    if chunk.get("stop"):
-                        return
-        except httpx.HTTPError as exc:
-            raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
-        raise ModelError("The embedded model's server ended the stream early.", code="model_stream_ended")
+        for attempt in (1, 2):
+            received = False
+            try:
+                async with client.stream("POST", "/completion", json={**body, "stream": True}) as reply:
+                    if reply.status_code != 200:
+                        raise _error(reply.status_code, (await reply.aread()).decode(errors="replace"))
+                    async for line in reply.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        received = True
+                        chunk = json.loads(line[6:])
+                        if isinstance(chunk, dict) and "error" in chunk:
+                            raise _error(500, json.dumps(chunk["error"]))
+                        yield chunk
+                        if chunk.get("stop"):
+                            return
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if attempt == 1 and not received and self.running:
+                    log.debug("retrying a request whose kept-alive connection was closed: %r", exc)
+                    continue
+                raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
+            except httpx.HTTPError as exc:
+                raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
+            raise ModelError("The embedded model's server ended the stream early.", code="model_stream_ended")
 
     def _require_client(self) -> httpx.AsyncClient:
         if self._client is None or not self.running:

@@ -12,7 +12,9 @@ Figures (printed, and written to ``bench/results/embedded-<time>.json`` and ``.p
 * aggregate decode of 4 concurrent streams, and its ratio to one stream;
 * time to first token of a new conversation whose long instruction prefix (``--prefix``
   tokens, about what a coding agent sends) is: not cached (cold), cached by an earlier
-  conversation, and cached before a restart of ors.
+  conversation, and cached before a restart of ors;
+* the 17 acceptance tests all at once against ors (as the official harness runs them):
+  the wall time and each test's time.
 
 Run: ``make bench`` (all benchmarks) or ``python -m bench embedded [--model ID]``.
 """
@@ -22,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,11 +37,11 @@ from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
 from app.backends.local import DEFAULT_PARALLEL, Vocabulary
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.config import Settings
-from app.main import create_app
-from tests.live import LiveServer
+from tests.live import ServerProcess
 
 RESULTS = Path(__file__).parent / "results"
-QUESTION = "Count from 1 to 1000, separated by commas."
+QUESTION = "Write a very long essay about the history of Rome, at least 5000 words."
+"""Long answers under greedy decoding, so every stream runs to its token budget."""
 
 
 @dataclass
@@ -76,15 +77,15 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _llama_server_children() -> list[int]:
-    """This process's llama-server children (the ors server under test runs in-process)."""
+def _llama_server_children(parent: int) -> list[int]:
+    """The llama-server children of process ``parent``."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().split()
         except OSError:
             continue
-        if fields[1] == "(llama-server)" and int(fields[3]) == os.getpid():
+        if fields[1] == "(llama-server)" and int(fields[3]) == parent:
             found.append(int(fields[0]))
     return found
 
@@ -109,20 +110,22 @@ def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
 # ---------------------------------------------------------------- raw llama.cpp
 
 
-async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int) -> Stream:
-    """One streamed completion; retried once if a kept-alive connection was closed
-    under it before anything arrived (as the backend does)."""
+async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int, sampling: dict[str, Any]) -> Stream:
+    """One streamed completion with the sampling ors would send; retried once if a
+    kept-alive connection was closed under it before anything arrived (as ors does)."""
     try:
-        return await _raw_stream_once(client, prompt, n_predict)
+        return await _raw_stream_once(client, prompt, n_predict, sampling)
     except httpx.RemoteProtocolError:
-        return await _raw_stream_once(client, prompt, n_predict)
+        return await _raw_stream_once(client, prompt, n_predict, sampling)
 
 
-async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predict: int) -> Stream:
+async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predict: int,
+                           sampling: dict[str, Any]) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
     tokens = 0
-    body = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "cache_prompt": True, "stream": True}
+    body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": True, "stream": True, **sampling,
+            "temperature": 0.0}
     async with client.stream("POST", "/completion", json=body) as reply:
         async for line in reply.aiter_lines():
             if not line.startswith("data: "):
@@ -145,16 +148,19 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions,
             def prompt(*messages: ChatMessage) -> list[int]:
                 return vocabulary.prompt_tokens(messages, ())
 
-            await _raw_stream(client, prompt(ChatMessage("user", "Hi")), 4)  # warm-up
-            one = await _raw_stream(client, prompt(ChatMessage("user", QUESTION)), figures.decode_tokens)
+            spec = LOCAL_MODELS[figures.model].sampling
+            sampling = {"top_p": spec.top_p, "top_k": spec.top_k, "min_p": spec.min_p,
+                        "repeat_penalty": spec.repeat_penalty}
+            await _raw_stream(client, prompt(ChatMessage("user", "Hi")), 4, sampling)  # warm-up
+            one = await _raw_stream(client, prompt(ChatMessage("user", QUESTION)), figures.decode_tokens, sampling)
             many = await asyncio.gather(*[
-                _raw_stream(client, prompt(ChatMessage("user", f"{QUESTION} ({k})")), figures.decode_tokens)
+                _raw_stream(client, prompt(ChatMessage("user", f"{QUESTION} ({k})")), figures.decode_tokens, sampling)
                 for k in range(DEFAULT_PARALLEL)
             ])
             cold = await _raw_stream(client, prompt(ChatMessage("system", instructions),
-                                                    ChatMessage("user", "What is rule 7?")), 8)
+                                                    ChatMessage("user", "What is rule 7?")), 8, sampling)
             warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
-                                                    ChatMessage("user", "What is rule 12?")), 8)
+                                                    ChatMessage("user", "What is rule 12?")), 8, sampling)
         assert server.process is not None
         rss = _rss_mib(server.process.pid)
     finally:
@@ -183,9 +189,11 @@ async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> Stream
     return Stream(first - started, end - started, tokens)
 
 
-def _ors_server(data_dir: Path, model: str) -> LiveServer:
-    settings = Settings(data_dir=data_dir, default_model=model, model_parallel=DEFAULT_PARALLEL)
-    return LiveServer(create_app(settings), graceful_seconds=30).start(timeout=600)
+def _ors_server(data_dir: Path, model: str) -> ServerProcess:
+    """``ors serve`` as its own process, as deployed (the client here does not share its
+    interpreter)."""
+    env = {"ORS_DEFAULT_MODEL": model, "ORS_MODEL_PARALLEL": str(DEFAULT_PARALLEL), "ORS_LOG_LEVEL": "warning"}
+    return ServerProcess(env, data_dir).start(timeout=600)
 
 
 async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
@@ -204,19 +212,37 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
             ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
-        rss = sum(_rss_mib(pid) for pid in _llama_server_children())
+        assert server.process is not None
+        rss = sum(_rss_mib(pid) for pid in _llama_server_children(server.process.pid))
     finally:
-        server.stop()  # saves the slots' prompt caches
+        server.terminate()  # a graceful stop: saves the slots' prompt caches
     restarted_at = time.perf_counter()
     server = _ors_server(data_dir, model)
     restart_seconds = time.perf_counter() - restarted_at
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=None) as client:
             again = await _ors_stream(client, {**ask, "input": "What is rule 20?", "prompt_cache_key": "agent"})
+        suite = await asyncio.to_thread(_acceptance_at_once, f"{server.url}/v1", model)
     finally:
-        server.stop()
+        server.terminate()
     figures.ors.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
-                       ttft_after_restart=again.first, restart_seconds=restart_seconds, server_rss_mib=rss)
+                       ttft_after_restart=again.first, restart_seconds=restart_seconds, server_rss_mib=rss,
+                       **suite)
+
+
+def _acceptance_at_once(base_url: str, model: str) -> dict[str, float]:
+    """The 17 acceptance tests all at once (as the official harness runs them): the wall
+    time, how many passed, and each test's seconds."""
+    from compliance import http_checks, ws_checks  # noqa: F401 - registers the checks
+    from compliance.suite import SuiteConfig, run_concurrently, select
+
+    started = time.perf_counter()
+    outcomes = list(run_concurrently(SuiteConfig(base_url=base_url, model=model), select()))
+    figures = {"suite_wall_s": time.perf_counter() - started,
+               "suite_passed": float(sum(outcome.status == "PASS" for outcome in outcomes)),
+               "suite_total": float(len(outcomes))}
+    figures.update({f"suite_s.{outcome.name}": outcome.seconds for outcome in outcomes})
+    return figures
 
 
 # ---------------------------------------------------------------- report
@@ -243,6 +269,10 @@ def _report(figures: Figures) -> dict[str, Any]:
     print(f"{'first token, cached, after restart (s)':34}{'':>15}{ors['ttft_after_restart']:12.2f}"
           f"   (target <= 15 s; restart took {ors['restart_seconds']:.1f} s)")
     print(f"{'llama-server RSS, after the prefix (MiB)':34}{raw['server_rss_mib']:15.0f}{ors['server_rss_mib']:12.0f}")
+    print(f"acceptance suite, all {ors['suite_total']:.0f} at once on ors: {ors['suite_passed']:.0f} passed, "
+          f"wall {ors['suite_wall_s']:.1f} s")
+    for key in sorted(key for key in ors if key.startswith("suite_s.")):
+        print(f"    {key.removeprefix('suite_s.'):44}{ors[key]:7.1f} s")
     return {**asdict(figures), "ratios": ratios}
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -144,7 +145,7 @@ class LlamaServer:
         with self.log_path.open("ab") as output:
             self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
                 arguments, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True,
+                start_new_session=True, preexec_fn=_die_with_parent,
             )
         self._client = httpx.AsyncClient(
             base_url=self.base_url,
@@ -166,7 +167,8 @@ class LlamaServer:
             await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
-        """Stop the process (SIGTERM, then SIGKILL after 10 s) and close the client."""
+        """Stop the process (SIGTERM, then SIGKILL after 5 s) and close the client. The
+        process is killed even if this task is cancelled while it waits."""
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -176,10 +178,13 @@ class LlamaServer:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
-            await asyncio.to_thread(process.wait, 10)
+            await asyncio.to_thread(process.wait, 5)
         except subprocess.TimeoutExpired:
-            process.kill()
-            await asyncio.to_thread(process.wait)
+            log.warning("llama-server did not stop within 5 s of SIGTERM: killed")
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
     # ------------------------------------------------------------ slots
 
@@ -264,6 +269,13 @@ def _error(status: int, text: str) -> Exception:
     if status == 400:
         return InvalidRequest(f"The embedded model refused the request: {message}")
     return ModelError(f"The embedded model's server answered {status}: {message}", code="model_error")
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: be killed when the process that started it dies (Linux
+    ``PR_SET_PDEATHSIG``), so no server outlives an ors that was killed."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 def _free_port() -> int:

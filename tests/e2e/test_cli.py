@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,3 +79,45 @@ def test_sigterm_during_a_stream_still_ends_it_properly(tmp_path: Path) -> None:
     final = check_sse_body(bytes(raw))
     assert final["status"] == "failed" and final["error"]["code"] == "server_shutting_down"
     assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def _llama_servers_of(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split()
+        except OSError:
+            continue
+        if fields[1] == "(llama-server)" and int(fields[3]) == parent and fields[2] != "Z":
+            found.append(int(fields[0]))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_no_model_server_outlives_a_killed_ors(tmp_path: Path) -> None:
+    """SIGKILL gives ors no chance to stop its llama-server: the child dies with it."""
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
+    assert server.process is not None
+    children = _llama_servers_of(server.process.pid)
+    assert len(children) == 1
+    server.kill()
+    for _ in range(100):
+        if not _alive(children[0]):
+            break
+        time.sleep(0.05)
+    assert not _alive(children[0])
+
+
+def test_a_stopped_ors_stops_its_model_server(tmp_path: Path) -> None:
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
+    assert server.process is not None
+    children = _llama_servers_of(server.process.pid)
+    assert server.terminate() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
+    assert children and not any(_alive(child) for child in children)
+    assert (tmp_path / "kv" / SMOL).is_dir()  # where its slots are saved

@@ -442,7 +442,7 @@ class LocalBackend(Backend):
             tools=request.tools,
             grammar=grammar,
             grammar_source=source,
-            max_tokens=chosen.max_output_tokens,
+            max_tokens=chosen.max_output_tokens or model.spec.default_max_output_tokens,
             sampling={
                 "temperature": defaults.temperature if chosen.temperature is None else chosen.temperature,
                 "top_p": defaults.top_p if chosen.top_p is None else chosen.top_p,

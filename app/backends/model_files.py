@@ -82,6 +82,10 @@ class ModelSpec:
     template_renders_tools: bool = False
     """Whether the GGUF's own chat template has a tools section (``tools=`` is rendered)."""
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
+    default_max_output_tokens: int | None = None
+    """The answer's length when a request sets no ``max_output_tokens`` (``None``: up to
+    the window). For a small model that can loop forever, a cap keeps one request from
+    holding a slot for minutes."""
     notes: str = ""
 
 
@@ -128,6 +132,7 @@ SMOLLM2 = ModelSpec(
     context_window=8_192,
     template_renders_tools=False,
     sampling=SamplingDefaults(temperature=0.2, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.1),
+    default_max_output_tokens=1024,
     notes="SmolLM2-135M-Instruct Q4_1. Plain ChatML template without tools; small and fast, "
     "prone to repetition.",
 )

@@ -183,7 +183,8 @@ async def test_concurrent_generations_on_one_model_run_together(smollm2: LocalBa
         spans[name] = (first or 0.0, time.monotonic())
         return deltas
 
-    one, two = await asyncio.gather(run("one", "Count to ten."), run("two", "Name three colours."))
+    essay = "Write a very long essay about the history of Rome, at least 5000 words."  # runs to its budget
+    one, two = await asyncio.gather(run("one", essay), run("two", f"{essay} Begin with the Republic."))
 
     for deltas in (one, two):
         assert isinstance(deltas[-1], Finish) and sum(isinstance(d, Finish) for d in deltas) == 1

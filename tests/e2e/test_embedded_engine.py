@@ -44,7 +44,7 @@ def test_concurrent_streams_are_decoded_together(client: Client) -> None:
     lock = threading.Lock()
 
     def one(number: int) -> None:
-        body = {"model": SMOL, "input": f"Count from {number} to 200.", "max_output_tokens": 64, "temperature": 0,
+        body = {"model": SMOL, "input": f"{LONG} ({number})", "max_output_tokens": 64, "temperature": 0,
                 "stream": True, "store": False}
         first = None
         with client.http.stream("POST", "/v1/responses", json=body) as reply:

@@ -9,6 +9,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
+from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_TOOLS, RequestLimits
+from app.schemas import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, SchemaLimits
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -69,7 +71,30 @@ class Settings(BaseSettings):
     or refuse it (400 ``unknown_tool``)."""
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
     """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
+
+    # Request limits: each exceeded one is a 400 that names the limit and the param.
+    max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=8)
+    """How deep objects and arrays may nest in a request body or WebSocket frame
+    (400 ``json_too_deep``)."""
+    max_input_items: int = Field(default=DEFAULT_MAX_INPUT_ITEMS, gt=0)
+    """Items one request's ``input`` may hold (400 ``too_many_input_items``)."""
+    max_tools: int = Field(default=DEFAULT_MAX_TOOLS, gt=0)
+    """Entries one request's ``tools`` may hold (400 ``too_many_tools``)."""
+    max_schema_bytes: int = Field(default=DEFAULT_MAX_SCHEMA_BYTES, gt=0)
+    """Bytes of each JSON Schema (a tool's ``parameters``, ``text.format.schema``), as
+    compact JSON (400 ``invalid_tool_schema`` / ``invalid_json_schema``)."""
+    max_schema_depth: int = Field(default=DEFAULT_MAX_SCHEMA_DEPTH, gt=0)
+    """How deep objects and arrays may nest in each JSON Schema."""
+
     log_level: str = "info"
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_json_depth=self.max_json_depth,
+            max_input_items=self.max_input_items,
+            max_tools=self.max_tools,
+            schema=SchemaLimits(max_bytes=self.max_schema_bytes, max_depth=self.max_schema_depth),
+        )
 
     @field_validator("model_aliases", mode="before")
     @classmethod

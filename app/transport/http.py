@@ -75,7 +75,7 @@ def history_for(engine: Engine, tenant: str) -> HistorySource:
 async def create_response(request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
     """Create a response: JSON by default, SSE with ``stream: true``; ``background: true``
     runs it in a task of its own and answers at once."""
-    turn = await engine.prepare(decode_json(await request.body()), tenant=tenant, history=history_for(engine, tenant))
+    turn = await engine.prepare(decode_json(await request.body(), engine.limits.max_json_depth), tenant=tenant, history=history_for(engine, tenant))
     body = turn.body
     drain = request.app.state.drain
     if body.background:

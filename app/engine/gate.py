@@ -167,17 +167,17 @@ def check_items(
     schema_limits: SchemaLimits = SchemaLimits(),
 ) -> list[Finding]:
     """Every finding, passes included, for the request's ``input`` (``items``, as sent; a
-    string or ``None`` has nothing to check). ``history``: the chain's items, oldest first.
+    string or ``None`` has no items to check) and for the schemas of its ``tools``. ``history``: the chain's items, oldest first.
     ``tools``: this request's tool definitions; ``history_tools``: those the chain's
     responses offered, oldest first. ``paths`` names each item (default ``input[i]``).
     ``unknown_tool``: whether an output answering a call of an undefined tool blocks.
     ``schema_limits``: the size and depth a tool's ``parameters`` may have
     (:mod:`app.schemas` compiles them)."""
+    toolbox = _Toolbox(tools, history_tools, schema_limits)
     if items is None or isinstance(items, str):
-        return []
+        return list(toolbox.findings)
     items = list(items)
     names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]
-    toolbox = _Toolbox(tools, history_tools, schema_limits)
     walk = _Walk(items, names, history, toolbox, block_unknown_tool=unknown_tool == "reject")
     return [*toolbox.findings, *walk.findings()]
 

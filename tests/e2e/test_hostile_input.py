@@ -109,8 +109,8 @@ def test_too_many_tools(client: Client) -> None:
 
 
 def test_schema_over_the_byte_limit(client: Client) -> None:
-    properties = {f"p{i:06d}": {"type": "string", "description": "d" * 100} for i in range(DEFAULT_MAX_SCHEMA_BYTES // 100)}
-    big = _tool(parameters={"type": "object", "properties": properties})
+    properties = {f"p{i:06d}": {"type": "string", "description": "d" * 100} for i in range(DEFAULT_MAX_SCHEMA_BYTES // 50)}
+    big = _tool("big", parameters={"type": "object", "properties": properties})
     error = client.error({"model": "scripted-text", "input": "x", "tools": [_tool(), big]}, 400)
     assert (error["code"], error["param"]) == ("invalid_tool_schema", "tools[1].parameters")
     assert "ORS_MAX_SCHEMA_BYTES" in error["message"]

@@ -18,16 +18,21 @@ DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 class Settings(BaseSettings):
     """Everything the server can be told. Build one and pass it to ``create_app``."""
 
-    model_config = SettingsConfigDict(env_prefix="ORS_", env_ignore_empty=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ORS_", env_ignore_empty=True, extra="ignore", use_attribute_docstrings=True
+    )
 
     host: str = "127.0.0.1"
+    """The address to listen on."""
     port: int = 8080
+    """The port to listen on."""
 
     default_model: str = DEFAULT_MODEL
     """Used when a request names no model."""
     preload_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Local models loaded at start (the default model is always loaded when local)."""
     model_threads: int = 2
+    """CPU threads of each embedded model."""
     model_context: int | None = None
     """Tokens of context of each embedded model (shared by its slots; the most one request
     may use); unset means each model's trained window (Qwen2.5-Coder 32,768, SmolLM2 8,192)."""
@@ -50,6 +55,7 @@ class Settings(BaseSettings):
     """An OpenAI-compatible Chat Completions base URL, e.g. ``http://127.0.0.1:11434/v1``.
     Requests for models that are not local go there."""
     upstream_api_key: SecretStr | None = None
+    """The bearer key sent to the upstream."""
     upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """If set, only these model ids are routed upstream (others are ``model_not_found``)."""
 
@@ -61,7 +67,10 @@ class Settings(BaseSettings):
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     """Bearer keys; empty means one anonymous tenant."""
     secret_key: SecretStr | None = None
+    """Keys for encrypted content, comma-separated, newest first (older ones still
+    decrypt); unset means a key generated once in ``data_dir``."""
     ws_max_connection_seconds: float = 3600.0
+    """The lifetime of a WebSocket connection."""
 
     foreign_items: Literal["reject", "drop"] = "reject"
     """What to do with vendor-prefixed input items of other implementations."""
@@ -87,6 +96,7 @@ class Settings(BaseSettings):
     """How deep objects and arrays may nest in each JSON Schema."""
 
     log_level: str = "info"
+    """The log level (``debug``, ``info``, ``warning``, ``error``)."""
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -11,7 +10,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from app import gate_cli
+from app import gate_cli, logs
 from app.config import Settings
 
 GRACEFUL_SHUTDOWN_SECONDS = 15
@@ -31,15 +30,14 @@ def _serve(args: argparse.Namespace) -> int:
             name = ".".join(str(part) for part in error["loc"])
             print(f"ors serve: --{name.replace('_', '-')} / ORS_{name.upper()}: {error['msg']}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers go through ours (format, request ids)
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     Server(config, app.state.drain).run()

@@ -97,6 +97,8 @@ class Settings(BaseSettings):
 
     log_level: str = "info"
     """The log level (``debug``, ``info``, ``warning``, ``error``)."""
+    log_format: Literal["text", "json"] = "text"
+    """``text`` lines, or ``json``: one JSON object per line. Either carries the request id."""
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

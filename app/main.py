@@ -18,6 +18,7 @@ from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.engine.engine import Engine
 from app.store.factory import open_store
+from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
@@ -115,6 +116,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
     install_error_handlers(app)
     install_routes(app)
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

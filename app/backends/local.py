@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -81,6 +82,19 @@ from app.backends.toolcalls import TAG_CLOSE, TAG_OPEN, call_shape, tool_call_gr
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError  # noqa: E402
 
 log = logging.getLogger("ors.local")
+_llama_log = logging.getLogger("ors.llama")
+
+
+@llama_cpp.llama_log_callback  # type: ignore[misc]
+def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's in-process messages (the vocabulary's loader) go through our logging,
+    so ``ORS_LOG_FORMAT=json`` holds for every line; they are debug detail except errors."""
+    message = text.decode("utf-8", errors="replace").rstrip()
+    if message:
+        _llama_log.log(logging.ERROR if level == 3 else logging.DEBUG, "%s", message)
+
+
+llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
 
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32

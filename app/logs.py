@@ -1,0 +1,68 @@
+"""Logging: plain lines or one JSON object per line (``ORS_LOG_FORMAT``), each with the id
+of the request it belongs to.
+
+The request id lives in a context variable that the transport's middleware sets for the
+duration of a request (a WebSocket connection is one request); tasks started inside it
+inherit it, so a background response's lines carry the id of the request that started
+it. Log lines name ids, sizes, codes and reasons; user text and keys are never logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextvars import ContextVar
+from typing import Literal
+
+LogFormat = Literal["text", "json"]
+
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+"""The id of the request being served, or ``None`` outside one."""
+
+_TEXT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+class _RequestId(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get() or "-"
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ``time`` (RFC 3339, UTC), ``level``, ``logger``,
+    ``message``, ``request_id`` (when in a request) and ``exception`` (when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", "-")
+        if rid != "-":
+            entry["request_id"] = rid
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure(level: str, fmt: LogFormat) -> None:
+    """Route every logger (uvicorn's included) through one handler on stderr; ``level``
+    applies to ours and uvicorn's, other libraries log warnings and errors only."""
+    handler = logging.StreamHandler()
+    handler.addFilter(_RequestId())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
+    wanted = logging.getLevelName(level.upper())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    # Other libraries' debug output carries SQL parameters and HTTP bodies (user text):
+    # they log warnings and errors only, whatever the level asked for.
+    root.setLevel(max(wanted, logging.WARNING))
+    logging.getLogger("ors").setLevel(wanted)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = []
+        logger.propagate = True
+        logger.setLevel(wanted)

@@ -1,0 +1,53 @@
+"""Logs of a real ``ors serve`` process: JSON lines, request ids, nothing secret."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import SMOL
+from tests.live import ServerProcess
+
+KEY = "sk-do-not-log-4f1c9e"
+USER_TEXT = "PELICAN-7731 is my secret"
+
+
+@pytest.fixture(scope="module")
+def process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(
+        {"ORS_DEFAULT_MODEL": SMOL, "ORS_API_KEYS": KEY, "ORS_LOG_FORMAT": "json", "ORS_LOG_LEVEL": "debug"},
+        tmp_path_factory.mktemp("logs"),
+    )
+    server.start()
+    yield server
+    server.kill()
+
+
+def _lines(log: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in log.splitlines() if line.strip()]
+
+
+def test_json_lines_with_request_ids_and_no_secrets(process: ServerProcess, tmp_path: Path) -> None:
+    headers = {"Authorization": f"Bearer {KEY}", "x-request-id": "trace-42"}
+    body = {"model": SMOL, "input": USER_TEXT, "max_output_tokens": 16, "not_a_field": 1}
+    reply = httpx.post(f"{process.url}/v1/responses", json=body, headers=headers, timeout=120)
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "trace-42"
+
+    fresh = httpx.post(f"{process.url}/v1/responses", json={"model": SMOL, "input": "hi", "max_output_tokens": 16},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=120)
+    assert fresh.headers["x-request-id"].startswith("req_")
+    refused = httpx.post(f"{process.url}/v1/responses", json={"input": "x"}, timeout=30,
+                         headers={"x-request-id": "bad id with spaces"})
+    assert refused.status_code == 401 and refused.headers["x-request-id"].startswith("req_")
+
+    process.terminate()
+    log = process.log()
+    lines = _lines(log)  # every line is one JSON object
+    assert {"time", "level", "logger", "message"} <= set(lines[0])
+    mine = [line for line in lines if line.get("request_id") == "trace-42"]
+    assert any("not_a_field" in str(line["message"]) for line in mine)
+    assert KEY not in log and "PELICAN-7731" not in log

@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.errors import Unauthorized
 
@@ -47,9 +47,9 @@ class ApiKey:
     """One ``ORS_API_KEYS`` entry, parsed."""
 
     tenant: str
-    secret: str
+    secret: str = field(repr=False)
     named: bool
-    entry: str
+    entry: str = field(repr=False)
 
     def tokens(self) -> list[str]:
         """What a client may present for this key."""

@@ -22,9 +22,9 @@ scored by its expiry; the process that holds it pushes the expiry forward every 
 replica that died frees itself within :data:`LEASE_SECONDS`. A lease that expired anyway
 (Redis unreachable longer than that) is not brought back.
 
-If Redis cannot be reached when a request arrives, the request is let through (fail
-open: availability over strictness) and a warning is logged once per outage; releasing a
-lease Redis did not record is harmless.
+If Redis cannot be reached when a request arrives (within :data:`REDIS_TIMEOUT_SECONDS`),
+the request is let through (fail open: availability over strictness) and a warning is
+logged once per outage; releasing a lease Redis did not record is harmless.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class MemoryRateLimiter(RateLimiter):
     async def acquire(self, tenant: str) -> Lease:
         # no await before the counts change: atomic on the event loop
         now = self._clock()
-        accepted = self._accepted.setdefault(tenant, deque())
+        accepted = self._accepted.setdefault(tenant, deque()) if self.rpm is not None else deque()
         while accepted and accepted[0] <= now - WINDOW_SECONDS:
             accepted.popleft()
         if self.rpm is not None and len(accepted) >= self.rpm:

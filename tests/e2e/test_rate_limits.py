@@ -240,6 +240,21 @@ def test_websocket_refusals_are_error_envelopes_and_the_socket_stays_open(serve:
         assert envelope["status"] == 429 and "2 requests per minute" in envelope["error"]["message"]
 
 
+def test_a_websocket_turn_holds_its_place_while_its_response_runs(serve: Callable[..., Served]) -> None:
+    served = serve(rate_limit_concurrent=1)
+    client = Client(served.url)
+    url = served.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=10) as socket:
+        socket.send(json.dumps({"type": "response.create", **GATED}))
+        while json.loads(socket.recv(timeout=30))["type"] != "response.in_progress":
+            pass
+        refused(client.http.post("/v1/responses", json=QUICK), "1 response in flight")
+        served.gate.set()
+        while (message := json.loads(socket.recv(timeout=30)))["type"] != "response.completed":
+            assert message["type"] != "error", message
+    assert wait_until(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200)
+
+
 def test_two_servers_share_one_redis_budget(serve: Callable[..., Served], redis_url: str, redis_prefix: str) -> None:
     shared = {"redis_url": redis_url, "redis_prefix": redis_prefix, "rate_limit_rpm": 3, "rate_limit_concurrent": 1}
     one, two = serve(**shared), serve(**shared)

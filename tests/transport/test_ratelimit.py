@@ -206,3 +206,22 @@ async def test_the_settings_choose_the_limiter(redis_url: str) -> None:
     unlimited = NoLimits()
     for _ in range(100):
         await unlimited.acquire("alice")
+
+
+def test_the_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from app.config import Settings
+
+    defaults = Settings()
+    assert (defaults.rate_limit_rpm, defaults.rate_limit_concurrent, defaults.redis_url) == (None, None, None)
+    assert defaults.redis_prefix == "ors"
+    monkeypatch.setenv("ORS_RATE_LIMIT_RPM", "60")
+    monkeypatch.setenv("ORS_RATE_LIMIT_CONCURRENT", "4")
+    monkeypatch.setenv("ORS_REDIS_URL", "redis://127.0.0.1:6379/0")
+    settings = Settings()
+    assert (settings.rate_limit_rpm, settings.rate_limit_concurrent) == (60, 4)
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    monkeypatch.setenv("ORS_RATE_LIMIT_RPM", "0")
+    with pytest.raises(ValidationError):
+        Settings()

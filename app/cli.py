@@ -8,6 +8,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
 from app import gate_cli
 from app.config import Settings
 
@@ -21,8 +24,13 @@ def _serve(args: argparse.Namespace) -> int:
     from app.main import create_app
     from app.serve import Server
 
-    overrides = {key: value for key, value in {"host": args.host, "port": args.port}.items() if value is not None}
-    settings = Settings(**overrides)
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"])
+            print(f"ors serve: --{name.replace('_', '-')} / ORS_{name.upper()}: {error['msg']}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -38,12 +46,44 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of :class:`Settings` (``model_parallel`` → ``--model-parallel``),
+    its help the field's docstring, its default and its variable. Values are passed to
+    ``Settings`` as text, so a flag parses exactly as its ``ORS_*`` variable does."""
+    for name, field in Settings.model_fields.items():
+        description = " ".join((field.description or "").replace("``", "'").split())
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            metavar="VALUE",
+            help=f"{description} [default: {_shown_default(field)}; env ORS_{name.upper()}]".replace("%", "%%"),
+        )
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings: flags given on the command line over ``ORS_*`` variables over defaults."""
+    return Settings(**{name: value for name in Settings.model_fields if (value := getattr(args, name)) is not None})
+
+
+def _shown_default(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()  # type: ignore[call-arg]
+        return ",".join(map(str, value)) if value else "unset"
+    if field.default is None:
+        return "unset"
+    return str(field.default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ors", description="Open Responses Server")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the HTTP/WebSocket server")
-    serve.add_argument("--host", help="address to bind (default 127.0.0.1, or ORS_HOST)")
-    serve.add_argument("--port", type=int, help="port to bind (default 8080, or ORS_PORT)")
+    serve = commands.add_parser(
+        "serve",
+        help="run the HTTP/WebSocket server",
+        description="Run the HTTP/WebSocket server. Every setting is a flag here and an ORS_* "
+        "environment variable; a flag wins over the variable.",
+    )
+    add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
     gate = commands.add_parser("gate", help="check a logged item list with the replay gate, offline")
     gate_cli.add_arguments(gate)

@@ -9,6 +9,8 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
+from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_TOOLS, RequestLimits
+from app.schemas import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, SchemaLimits
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 
@@ -16,16 +18,21 @@ DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 class Settings(BaseSettings):
     """Everything the server can be told. Build one and pass it to ``create_app``."""
 
-    model_config = SettingsConfigDict(env_prefix="ORS_", env_ignore_empty=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="ORS_", env_ignore_empty=True, extra="ignore", use_attribute_docstrings=True
+    )
 
     host: str = "127.0.0.1"
+    """The address to listen on."""
     port: int = 8080
+    """The port to listen on."""
 
     default_model: str = DEFAULT_MODEL
     """Used when a request names no model."""
     preload_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Local models loaded at start (the default model is always loaded when local)."""
     model_threads: int = 2
+    """CPU threads of each embedded model."""
     model_context: int | None = None
     """Tokens of context of each embedded model (shared by its slots; the most one request
     may use); unset means each model's trained window (Qwen2.5-Coder 32,768, SmolLM2 8,192)."""
@@ -48,6 +55,7 @@ class Settings(BaseSettings):
     """An OpenAI-compatible Chat Completions base URL, e.g. ``http://127.0.0.1:11434/v1``.
     Requests for models that are not local go there."""
     upstream_api_key: SecretStr | None = None
+    """The bearer key sent to the upstream."""
     upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """If set, only these model ids are routed upstream (others are ``model_not_found``)."""
 
@@ -61,6 +69,8 @@ class Settings(BaseSettings):
     which is how a key is rotated) or a bare secret (the tenant is a keyed digest of it);
     empty means one anonymous tenant. See ``app.transport.auth``."""
     secret_key: SecretStr | None = None
+    """Keys for encrypted content, comma-separated, newest first (older ones still
+    decrypt); unset means a key generated once in ``data_dir``."""
 
     rate_limit_rpm: int | None = Field(default=None, ge=1)
     """Requests per minute per tenant (a sliding 60-second window) on the routes that
@@ -75,6 +85,7 @@ class Settings(BaseSettings):
     redis_prefix: str = "ors"
     """Prefix of the Redis keys, so several deployments can share one Redis."""
     ws_max_connection_seconds: float = 3600.0
+    """The lifetime of a WebSocket connection."""
 
     foreign_items: Literal["reject", "drop"] = "reject"
     """What to do with vendor-prefixed input items of other implementations."""
@@ -84,7 +95,31 @@ class Settings(BaseSettings):
     or refuse it (400 ``unknown_tool``)."""
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
     """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
+
+    # Request limits: each exceeded one is a 400 that names the limit and the param.
+    max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=8)
+    """How deep objects and arrays may nest in a request body or WebSocket frame
+    (400 ``json_too_deep``)."""
+    max_input_items: int = Field(default=DEFAULT_MAX_INPUT_ITEMS, gt=0)
+    """Items one request's ``input`` may hold (400 ``too_many_input_items``)."""
+    max_tools: int = Field(default=DEFAULT_MAX_TOOLS, gt=0)
+    """Entries one request's ``tools`` may hold (400 ``too_many_tools``)."""
+    max_schema_bytes: int = Field(default=DEFAULT_MAX_SCHEMA_BYTES, gt=0)
+    """Bytes of each JSON Schema (a tool's ``parameters``, ``text.format.schema``), as
+    compact JSON (400 ``invalid_tool_schema`` / ``invalid_json_schema``)."""
+    max_schema_depth: int = Field(default=DEFAULT_MAX_SCHEMA_DEPTH, gt=0)
+    """How deep objects and arrays may nest in each JSON Schema."""
+
     log_level: str = "info"
+    """The log level (``debug``, ``info``, ``warning``, ``error``)."""
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(
+            max_json_depth=self.max_json_depth,
+            max_input_items=self.max_input_items,
+            max_tools=self.max_tools,
+            schema=SchemaLimits(max_bytes=self.max_schema_bytes, max_depth=self.max_schema_depth),
+        )
 
     @field_validator("model_aliases", mode="before")
     @classmethod

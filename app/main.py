@@ -76,6 +76,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,
+        limits=settings.request_limits(),
     )
     live = LiveTurns()
     drain = Drain()

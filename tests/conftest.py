@@ -60,6 +60,8 @@ def scripted_backend() -> ScriptedBackend:
             ],
             "scripted-empty": [Finish("stop", Usage(3, 0))],
             "scripted-slow": Script(text_script(*["tick "] * 400), delay=0.05),
+            # JSON whose string defeats a backtracking regex such as ^(a+)+$.
+            "scripted-redos": text_script('{"code": "', "a" * 5000, '!"}'),
         }
     )
 

@@ -354,8 +354,8 @@ class LocalBackend(Backend):
         """Schemas that cannot become a grammar are refused before the response starts,
         and so is a request that would find the model's queue full (429)."""
         loaded = await self._loaded(self._entry(request.model))
-        plan = self._plan(request, loaded)
-        if plan.grammar is not None and not loaded.vocabulary.accepts_grammar(plan.grammar):
+        plan = await self._planned(request, loaded)
+        if plan.grammar is not None and not await asyncio.to_thread(loaded.vocabulary.accepts_grammar, plan.grammar):
             raise InvalidRequest(
                 "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
                 param=plan.grammar_source,
@@ -365,7 +365,7 @@ class LocalBackend(Backend):
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         entry = self._entry(request.model)
         loaded = await self._loaded(entry)
-        plan = self._plan(request, loaded)
+        plan = await self._planned(request, loaded)
         tokens = np.asarray(
             await asyncio.to_thread(loaded.vocabulary.prompt_tokens, plan.messages, plan.tools), dtype=np.int32
         )
@@ -429,6 +429,13 @@ class LocalBackend(Backend):
             return self._entries[model]
         except KeyError:
             raise ModelNotFound(f"The model '{model}' does not exist", param="model") from None
+
+    async def _planned(self, request: GenerationRequest, model: LocalModel) -> _Plan:
+        """``_plan``, in a worker thread when it converts a schema into a grammar (CPU work
+        that grows with the schema), inline otherwise."""
+        if request.tools or request.output_format.kind != "text":
+            return await asyncio.to_thread(self._plan, request, model)
+        return self._plan(request, model)
 
     def _plan(self, request: GenerationRequest, model: LocalModel) -> _Plan:
         """Raises ``InvalidRequest`` for a schema that cannot be made into a grammar."""

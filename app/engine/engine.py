@@ -15,6 +15,8 @@ HTTP error or a WebSocket error envelope):
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +30,7 @@ from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History, HistorySource
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
 from app.engine.items import stored_form
+from app.engine.limits import RequestLimits, check_counts
 from app.engine.models import ModelRouter
 from app.engine.sealing import Sealer, SealError
 from app.engine.truncation import fit_context
@@ -37,6 +40,7 @@ from app.errors import InvalidRequest
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
 from app.protocol.tools import AllowedToolsParam, FunctionToolParam, SpecificFunctionParam
+from app.schemas import SchemaLimits, compile_schema
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.engine")
@@ -56,6 +60,7 @@ class Engine:
         foreign_items: str = "reject",
         gate_unknown_tool: UnknownToolPolicy = "accept",
         max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+        limits: RequestLimits = RequestLimits(),
     ) -> None:
         self.router = router
         self.store = store
@@ -66,6 +71,8 @@ class Engine:
         """Whether the replay gate refuses an answer to a call of an undefined tool."""
         self.max_image_bytes = max_image_bytes
         """The largest image a data URL may carry, decoded."""
+        self.limits = limits
+        """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
 
     async def prepare(
         self,
@@ -83,16 +90,23 @@ class Engine:
         then the body is validated into protocol models."""
         if not isinstance(data, dict):
             raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
+        check_counts(data, self.limits)
         previous = data.get("previous_response_id")
         past = await history.load(previous) if isinstance(previous, str) and previous else History()
         raw_tools = data.get("tools")
-        gate(
-            data.get("input"),
+        check = functools.partial(
+            _admit,
+            data,
             history=past.stored_items,
             tools=raw_tools if isinstance(raw_tools, list) else [],
             history_tools=past.tools,
             unknown_tool=self.gate_unknown_tool,
+            limits=self.limits.schema,
         )
+        if _has_schema_work(data, past):
+            await asyncio.to_thread(check)  # compiling and validating schemas is CPU work
+        else:
+            check()
         body = parse_body(CreateResponseBody, data)
         await check_images(body.input, max_bytes=self.max_image_bytes)
         requested = body.model or self.router.default_model
@@ -264,6 +278,47 @@ def _require_tools(names: set[str], wanted: Sequence[str], param: str) -> None:
                 code="invalid_value",
                 param=param,
             )
+
+
+def _admit(
+    data: dict[str, Any],
+    *,
+    history: Sequence[Any],
+    tools: list[Any],
+    history_tools: Sequence[Any],
+    unknown_tool: UnknownToolPolicy,
+    limits: SchemaLimits,
+) -> None:
+    """The replay gate (which compiles the tools' schemas), then ``text.format.schema``:
+    every schema of the request goes through :mod:`app.schemas` before anything uses it."""
+    gate(data.get("input"), history=history, tools=tools, history_tools=history_tools,
+         unknown_tool=unknown_tool, schema_limits=limits)
+    text = data.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and "schema" in fmt:
+        problem = compile_schema(fmt["schema"], limits).problem
+        if problem is not None:
+            raise InvalidRequest(
+                f"text.format.schema cannot be used as a JSON Schema (Draft 2020-12): {problem}.",
+                code="invalid_json_schema",
+                param="text.format.schema",
+            )
+
+
+_INLINE_ITEMS = 64
+"""Above this many input items, even a gate without schemas walks them in a worker thread."""
+
+
+def _has_schema_work(data: dict[str, Any], past: History) -> bool:
+    """Whether admitting the request compiles or validates against a schema (tools, a
+    ``json_schema`` text format, or outputs answering calls of the chain's tools)."""
+    if data.get("tools") or past.tools:
+        return True
+    items = data.get("input")
+    if isinstance(items, list) and len(items) > _INLINE_ITEMS:
+        return True
+    text = data.get("text")
+    return isinstance(text, dict) and isinstance(text.get("format"), dict)
 
 
 def _output_format(body: CreateResponseBody) -> OutputFormat:

@@ -29,9 +29,9 @@ already has an output after it; a reused ``call_id`` thus starts afresh.
                        ``tools`` wins over the chain's, and the chain's latest wins
 ``arguments_schema``   the arguments fail the tool's ``parameters`` (JSON Schema Draft
                        2020-12); no ``parameters`` means any object passes
-``invalid_tool_schema`` the tool's ``parameters`` cannot be used to check (not a valid
-                       schema, or a ``$ref`` that does not resolve: remote references are
-                       never fetched)
+``invalid_tool_schema`` the tool's ``parameters`` cannot be used to check: not admitted
+                       by :mod:`app.schemas` (not a valid schema, a ``$ref`` outside the
+                       document, a pattern RE2 cannot run, too large or too deep)
 
 **A call of a tool nobody defined.** The spec asks only that an output answer a call in
 the context; a client may replay a whole tool loop as history without sending its tools.
@@ -60,15 +60,12 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
-from referencing import Registry
-from referencing.exceptions import NoSuchResource, Unresolvable
+from referencing.exceptions import Unresolvable
 
 from app.errors import InvalidRequest
+from app.schemas import SchemaLimits, compile_schema
 
 JSON = Mapping[str, Any]
 UnknownToolPolicy = Literal["accept", "reject"]
@@ -144,12 +141,13 @@ def gate(
     tools: Iterable[Any] = (),
     history_tools: Iterable[Any] = (),
     unknown_tool: UnknownToolPolicy = "accept",
+    schema_limits: SchemaLimits = SchemaLimits(),
 ) -> None:
     """Raise ``InvalidRequest`` (``code`` = the reason, ``param`` = the path) for the first
     blocking failure of ``check_items``; return when the request may go on. An accepted
     output that answers a call of an undefined tool is logged."""
     findings = check_items(items, history=history, tools=tools, history_tools=history_tools,
-                           unknown_tool=unknown_tool)
+                           unknown_tool=unknown_tool, schema_limits=schema_limits)
     for finding in findings:
         if not finding.ok and finding.blocking:
             raise InvalidRequest(finding.message, code=str(finding.reason), param=finding.param)
@@ -166,53 +164,25 @@ def check_items(
     history_tools: Iterable[Any] = (),
     paths: Sequence[str] | None = None,
     unknown_tool: UnknownToolPolicy = "accept",
+    schema_limits: SchemaLimits = SchemaLimits(),
 ) -> list[Finding]:
     """Every finding, passes included, for the request's ``input`` (``items``, as sent; a
-    string or ``None`` has nothing to check). ``history``: the chain's items, oldest first.
+    string or ``None`` has no items to check) and for the schemas of its ``tools``. ``history``: the chain's items, oldest first.
     ``tools``: this request's tool definitions; ``history_tools``: those the chain's
     responses offered, oldest first. ``paths`` names each item (default ``input[i]``).
-    ``unknown_tool``: whether an output answering a call of an undefined tool blocks."""
+    ``unknown_tool``: whether an output answering a call of an undefined tool blocks.
+    ``schema_limits``: the size and depth a tool's ``parameters`` may have
+    (:mod:`app.schemas` compiles them)."""
+    toolbox = _Toolbox(tools, history_tools, schema_limits)
     if items is None or isinstance(items, str):
-        return []
+        return list(toolbox.findings)
     items = list(items)
     names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]
-    toolbox = _Toolbox(tools, history_tools)
     walk = _Walk(items, names, history, toolbox, block_unknown_tool=unknown_tool == "reject")
     return [*toolbox.findings, *walk.findings()]
 
 
 # ---------------------------------------------------------------- tools and schemas
-
-
-def _refuse_retrieval(uri: str) -> Any:
-    raise NoSuchResource(ref=uri)
-
-
-_OFFLINE = Registry(retrieve=_refuse_retrieval)
-"""References resolve within the schema (and the meta-schemas) only; nothing is fetched."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Compiled:
-    validator: Draft202012Validator | None
-    error: str | None = None
-
-
-@lru_cache(maxsize=512)
-def _compile(key: str) -> _Compiled:
-    schema = json.loads(key)
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        return _Compiled(None, f"{exc.json_path}: {_clip(exc.message)}")
-    except RecursionError:
-        return _Compiled(None, "the schema is nested too deeply")
-    return _Compiled(Draft202012Validator(schema, registry=_OFFLINE))
-
-
-def _compiled_parameters(schema: Any) -> _Compiled:
-    """The cached validator for a ``parameters`` schema, or why it cannot be one."""
-    return _compile(json.dumps(schema, sort_keys=True, separators=(",", ":")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +194,8 @@ class _Tool:
 
 
 class _Toolbox:
-    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any]) -> None:
+    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any], limits: SchemaLimits) -> None:
+        self.limits = limits
         self.by_name: dict[str, _Tool] = {}
         for tool in history_tools:
             if (name := _function_name(tool)) is not None:
@@ -236,7 +207,7 @@ class _Toolbox:
             if name is None or name in own:
                 continue
             own[name] = _Tool(name, tool.get("parameters"), f"tools[{index}].parameters")
-            problem = self.schema_error(own[name])
+            problem = self.schema_error(own[name], self.limits)
             if problem is not None:
                 self.findings.append(
                     Finding(
@@ -244,7 +215,7 @@ class _Toolbox:
                         f"tools[{index}].parameters",
                         "tool",
                         Reason.INVALID_TOOL_SCHEMA,
-                        f"The parameters of function {name!r} are not a valid JSON Schema "
+                        f"The parameters of function {name!r} cannot be used as a JSON Schema "
                         f"(Draft 2020-12): {problem}. Fix the schema.",
                         name=name,
                     )
@@ -252,10 +223,10 @@ class _Toolbox:
         self.by_name.update(own)
 
     @staticmethod
-    def schema_error(tool: _Tool) -> str | None:
+    def schema_error(tool: _Tool, limits: SchemaLimits) -> str | None:
         if tool.parameters is None:
             return None
-        return _compiled_parameters(tool.parameters).error
+        return compile_schema(tool.parameters, limits).problem
 
 
 def _function_name(tool: Any) -> str | None:
@@ -492,22 +463,22 @@ def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
             f"{CHAIN}, so its arguments cannot be checked. Add the function's definition to tools.",
             undefined_tool=True,
         )
-    return _schema_problem(tool, value)
+    return _schema_problem(tool, value, toolbox.limits)
 
 
-def _schema_problem(tool: _Tool, value: dict[str, Any]) -> _Problem | None:
+def _schema_problem(tool: _Tool, value: dict[str, Any], limits: SchemaLimits) -> _Problem | None:
     if tool.parameters is None:
         return None
     where = tool.param or f"as offered {CHAIN}"
-    compiled = _compiled_parameters(tool.parameters)
+    compiled = compile_schema(tool.parameters, limits)
     if compiled.validator is None:
         return _Problem(
             Reason.INVALID_TOOL_SCHEMA,
             f"calls {tool.name!r}, whose parameters ({where}) are not a valid JSON Schema, so its "
-            f"arguments cannot be checked: {compiled.error}. Fix the schema.",
+            f"arguments cannot be checked: {compiled.problem}. Fix the schema.",
         )
     try:
-        error = best_match(compiled.validator.iter_errors(value))
+        error = compiled.first_error(value)
     except Unresolvable as exc:
         reference = getattr(exc, "ref", None) or str(exc)
         return _Problem(

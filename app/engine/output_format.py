@@ -2,22 +2,21 @@
 
 The embedded backend constrains generation with a grammar and upstreams get
 ``response_format``; this check makes the promise hold for every backend. A completed
-answer whose text is not valid JSON, or does not match the schema (Draft 2020-12, the
-``jsonschema`` library), fails the response with ``model_error`` /
+answer whose text is not valid JSON, or does not match the schema (as compiled by
+:mod:`app.schemas` when the request was admitted; checked in a worker thread), fails the response with ``model_error`` /
 ``output_schema_mismatch`` instead of handing the client output that breaks its parser.
 An answer cut short by ``max_output_tokens`` is already ``incomplete`` and is left alone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
-
 from app.backends.base import Delta, Finish, GenerationRequest, TextDelta
 from app.errors import ModelError
+from app.schemas import Compiled, admitted, json_path
 
 
 async def enforce_output_format(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
@@ -26,20 +25,20 @@ async def enforce_output_format(deltas: AsyncIterator[Delta], request: Generatio
         async for delta in deltas:
             yield delta
         return
-    validator = Draft202012Validator(fmt.schema)
+    compiled = admitted(fmt.schema)
     pieces: list[str] = []
     try:
         async for delta in deltas:
             if isinstance(delta, TextDelta):
                 pieces.append(delta.text)
             elif isinstance(delta, Finish) and delta.reason == "stop":
-                _check("".join(pieces), validator)
+                await asyncio.to_thread(_check, "".join(pieces), compiled)
             yield delta
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
 
 
-def _check(text: str, validator: Draft202012Validator) -> None:
+def _check(text: str, compiled: Compiled) -> None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -47,9 +46,16 @@ def _check(text: str, validator: Draft202012Validator) -> None:
             f"The model's answer is not valid JSON ({exc.msg}), although text.format is strict.",
             code="output_schema_mismatch",
         ) from None
-    error = best_match(validator.iter_errors(value))
+    if compiled.validator is None:  # admitted when the request was made; never expected
+        raise ModelError(f"The strict text.format schema cannot be checked: {compiled.problem}",
+                         code="output_schema_mismatch")
+    try:
+        error = compiled.first_error(value)
+    except RecursionError:
+        raise ModelError("The model's answer nests too deeply to check against the strict text.format schema.",
+                         code="output_schema_mismatch") from None
     if error is not None:
-        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        where = json_path(error)
         raise ModelError(
             f"The model's answer does not match the strict text.format schema at {where}: {error.message}",
             code="output_schema_mismatch",

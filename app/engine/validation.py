@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from app.engine.limits import DEFAULT_MAX_JSON_DEPTH, json_depth_exceeded, too_deep
 from app.errors import InvalidRequest
 
 log = logging.getLogger("ors.request")
@@ -29,17 +30,28 @@ log = logging.getLogger("ors.request")
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def decode_json(raw: bytes) -> Any:
-    """The body as JSON, or a 400 that says where the JSON broke."""
+def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, what: str = "request body") -> Any:
+    """The body (or a WebSocket frame: ``what``) as JSON, or a 400 that says where the JSON
+    broke or that it nests deeper than ``max_depth`` (``json_too_deep``, never a
+    ``RecursionError``)."""
     try:
-        return json.loads(raw)
+        value = json.loads(raw)
+    except RecursionError:
+        raise too_deep(max_depth, _bytes(raw)) from None
     except UnicodeDecodeError:
-        raise InvalidRequest("The request body is not valid UTF-8.", code="invalid_json") from None
+        raise InvalidRequest(f"The {what} is not valid UTF-8.", code="invalid_json") from None
     except json.JSONDecodeError as exc:
         raise InvalidRequest(
-            f"The request body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.",
+            f"The {what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.",
             code="invalid_json",
         ) from None
+    if json_depth_exceeded(value, max_depth):
+        raise too_deep(max_depth, _bytes(raw))
+    return value
+
+
+def _bytes(raw: bytes | str) -> bytes:
+    return raw.encode(errors="replace") if isinstance(raw, str) else raw
 
 
 def parse_body(model: type[Model], data: Any) -> Model:

@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from app.engine.compaction import compact_request
 from app.engine.images import check_images
 from app.engine.sealing import Sealer
+from app.engine.limits import check_counts
 from app.engine.validation import decode_json, parse_body
 from app.protocol.compaction import CompactBody
 from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for
@@ -30,7 +31,10 @@ async def compact_response(request: Request, engine: EngineDep, tenant: TenantDe
     """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
     window to start a new chain from."""
     async with await limiter.acquire(tenant):
-        body = parse_body(CompactBody, decode_json(await request.body()))
+        data = decode_json(await request.body(), engine.limits.max_json_depth)
+        if isinstance(data, dict):
+            check_counts(data, engine.limits)
+        body = parse_body(CompactBody, data)
         await check_images(body.input, max_bytes=engine.max_image_bytes)
         resource = await compact_request(
             body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)

@@ -89,7 +89,9 @@ async def create_response(
     lease = await limiter.acquire(tenant)
     try:
         turn = await engine.prepare(
-            decode_json(await request.body()), tenant=tenant, history=history_for(engine, tenant)
+            decode_json(await request.body(), engine.limits.max_json_depth),
+            tenant=tenant,
+            history=history_for(engine, tenant),
         )
     except BaseException:
         await lease.release()

@@ -43,6 +43,7 @@ from app.engine.history import History, HistorySource, NoHistory, StoredHistory,
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Turn
+from app.engine.validation import decode_json
 from app.errors import InvalidRequest, ORSError, ServerError
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
@@ -177,7 +178,7 @@ class Connection:
 
     async def _turn(self, frame: str) -> None:
         try:
-            data = _create_event(frame)
+            data = _create_event(frame, self.engine.limits.max_json_depth)
             lease = await self.limiter.acquire(self.tenant)
         except ORSError as error:
             await self._send(error.websocket_envelope())
@@ -228,13 +229,10 @@ class _Fixed(HistorySource):
         return self.history
 
 
-def _create_event(frame: str | None) -> dict[str, Any]:
+def _create_event(frame: str | None, max_depth: int) -> dict[str, Any]:
     if frame is None:
         raise InvalidRequest("Frames must be text holding one JSON object.", code="invalid_json")
-    try:
-        data = json.loads(frame)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"The frame is not valid JSON: {exc.msg}.", code="invalid_json") from None
+    data = decode_json(frame, max_depth, what="frame")
     if not isinstance(data, dict):
         raise InvalidRequest("A frame must be a JSON object.", code="invalid_type")
     if data.get("type") != "response.create":

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import http.server
+import threading
 import time
 from typing import Any
 
@@ -225,17 +227,32 @@ def test_invalid_regex_in_a_tool_schema() -> None:
     assert (error.code, error.param) == ("invalid_tool_schema", "tools[1].parameters")
 
 
-def test_remote_ref_fails_cleanly_without_fetching() -> None:
-    remote = {
-        "type": "function",
-        "name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"$ref": "http://192.0.2.1/city.json"}}},
-    }
-    started = time.monotonic()
-    error = rejection([call(), output()], tools=[remote])
-    assert time.monotonic() - started < 2
-    assert (error.code, error.param) == ("invalid_tool_schema", "input[1]")
-    assert "http://192.0.2.1/city.json" in error.message and "never fetched" in error.message
+def test_remote_ref_is_refused_on_the_tool_and_never_fetched() -> None:
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"type": "string"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/city.json"
+        remote = {
+            "type": "function",
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"$ref": url}}},
+        }
+        error = rejection([call(), output()], tools=[remote])
+        server.shutdown()
+    assert (error.code, error.param) == ("invalid_tool_schema", "tools[0].parameters")
+    assert url in error.message and "nothing is fetched" in error.message
+    assert hits == []
 
 
 def test_local_refs_resolve() -> None:
@@ -445,3 +462,28 @@ def test_linear_in_the_number_of_items() -> None:
     started = time.monotonic()
     gate(items, history=history, tools=TOOLS)
     assert time.monotonic() - started < 5
+
+
+def test_catastrophic_pattern_runs_in_linear_time() -> None:
+    # Python's backtracking `re` needs ~2^n steps for this pattern on n `a`s and a `!`;
+    # with 5,000 of them it would never finish (pytest-timeout fails the test).
+    evil = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^(a+)+$"}}},
+    }
+    arguments = json.dumps({"city": "a" * 5000 + "!"})
+    error = rejection([call(arguments=arguments), output()], tools=[evil])
+    assert (error.code, error.param) == ("arguments_schema", "input[1]")
+    assert "does not match" in error.message
+
+
+def test_lookaround_pattern_is_refused_on_the_tool() -> None:
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^(?!x).*$"}}},
+    }
+    error = rejection([user()], tools=[tool])
+    assert (error.code, error.param) == ("invalid_tool_schema", "tools[0].parameters")
+    assert "linear time" in error.message

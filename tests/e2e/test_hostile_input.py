@@ -1,0 +1,180 @@
+"""Hostile and oversized requests against the real server: each is a precise 400 with the
+spec's error object and a ``param``, never a 500, and nothing is fetched or frozen.
+
+Over HTTP (``tests.client`` validates every error body against the vendored spec) and
+over the WebSocket (the error envelope is validated by ``compliance``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from websockets.sync.client import connect
+
+from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_TOOLS
+from app.schemas import DEFAULT_MAX_SCHEMA_BYTES
+from compliance import validate_ws_error
+from tests.client import Client
+from tests.live import LiveServer
+
+EVIL_PATTERN = "^(a+)+$"
+
+
+def _tool(name: str = "lookup", parameters: Any = None) -> dict[str, Any]:
+    return {"type": "function", "name": name,
+            "parameters": parameters or {"type": "object", "properties": {"code": {"type": "string"}}}}
+
+
+@contextlib.contextmanager
+def _counting_http_server() -> Iterator[tuple[str, list[str]]]:
+    """A loopback server that records every request it gets (a fetched ``$ref`` would)."""
+    hits: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"type": "string"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}", hits
+        finally:
+            server.shutdown()
+
+
+# ---------------------------------------------------------------- nesting
+
+
+def test_input_nested_100000_deep_is_a_400(client: Client) -> None:
+    raw = b'{"model": "scripted-text", "input": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    error = client.error(None, 400, raw=raw)
+    assert (error["code"], error["param"]) == ("json_too_deep", "input")
+    assert "ORS_MAX_JSON_DEPTH" in error["message"]
+
+
+def test_nesting_just_over_the_limit_is_a_400_and_at_the_limit_is_not(client: Client) -> None:
+    # {"model", "input": [ {message, "content": [ {"type": "input_text", "text": ...} ]} ]}
+    # is 4 deep; a tool's parameters add depth below "tools": [ {... "parameters": {...}} ].
+    def nested(depth: int) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "string"}
+        for _ in range(depth):
+            schema = {"type": "array", "items": schema}
+        return schema
+
+    over = {"model": "scripted-text", "input": "x",
+            "tools": [_tool(parameters={"type": "object", "properties": {"a": nested(DEFAULT_MAX_JSON_DEPTH)}})]}
+    error = client.error(over, 400)
+    assert (error["code"], error["param"]) == ("json_too_deep", "tools")
+
+
+def test_deep_frame_on_the_websocket_is_an_error_envelope(server: LiveServer) -> None:
+    url = server.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=10) as ws:
+        ws.send('{"type": "response.create", "model": "scripted-text", "input": ' + "[" * 50_000 + "]" * 50_000 + "}")
+        envelope = json.loads(ws.recv(timeout=30))
+        validate_ws_error(envelope)
+        assert (envelope["error"]["code"], envelope["error"]["param"]) == ("json_too_deep", "input")
+        # The connection stays usable.
+        ws.send(json.dumps({"type": "response.create", "model": "scripted-text", "input": "hi", "store": False}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.completed":
+            assert event["type"] != "error", event
+
+
+# ---------------------------------------------------------------- counts
+
+
+def test_too_many_input_items(client: Client) -> None:
+    items = [{"type": "message", "role": "user", "content": "x"}] * (DEFAULT_MAX_INPUT_ITEMS + 1)
+    error = client.error({"model": "scripted-text", "input": items}, 400)
+    assert (error["code"], error["param"]) == ("too_many_input_items", "input")
+
+
+def test_too_many_tools(client: Client) -> None:
+    tools = [_tool(f"tool_{i}") for i in range(DEFAULT_MAX_TOOLS + 1)]
+    error = client.error({"model": "scripted-text", "input": "x", "tools": tools}, 400)
+    assert (error["code"], error["param"]) == ("too_many_tools", "tools")
+
+
+def test_schema_over_the_byte_limit(client: Client) -> None:
+    properties = {f"p{i:06d}": {"type": "string", "description": "d" * 100} for i in range(DEFAULT_MAX_SCHEMA_BYTES // 50)}
+    big = _tool("big", parameters={"type": "object", "properties": properties})
+    error = client.error({"model": "scripted-text", "input": "x", "tools": [_tool(), big]}, 400)
+    assert (error["code"], error["param"]) == ("invalid_tool_schema", "tools[1].parameters")
+    assert "ORS_MAX_SCHEMA_BYTES" in error["message"]
+
+
+# ---------------------------------------------------------------- references are never fetched
+
+
+@pytest.mark.parametrize("where", ["tool", "text.format"])
+def test_remote_refs_are_refused_and_never_fetched(client: Client, where: str) -> None:
+    with _counting_http_server() as (base, hits):
+        for ref in (f"{base}/a.json", f"{base}/b.json#/x", "file:///etc/hostname"):
+            schema = {"type": "object", "properties": {"code": {"$ref": ref}}}
+            if where == "tool":
+                body = {"model": "scripted-text", "input": "x", "tools": [_tool(parameters=schema)]}
+                expected = ("invalid_tool_schema", "tools[0].parameters")
+            else:
+                body = {"model": "scripted-text", "input": "x",
+                        "text": {"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}}}
+                expected = ("invalid_json_schema", "text.format.schema")
+            error = client.error(body, 400)
+            assert (error["code"], error["param"]) == expected
+            assert ref in error["message"]
+        assert hits == []
+
+
+def test_local_refs_still_work_in_text_format(client: Client) -> None:
+    schema = {"$defs": {"greeting": {"type": "string"}}, "type": "object",
+              "properties": {"g": {"$ref": "#/$defs/greeting"}}}
+    response = client.create(model="scripted-text", input="x",
+                             text={"format": {"type": "json_schema", "name": "out", "schema": schema}})
+    assert response["status"] == "completed"
+
+
+# ---------------------------------------------------------------- patterns run in linear time
+
+
+def test_catastrophic_pattern_in_a_replayed_call_is_answered_at_once(client: Client) -> None:
+    # With Python's backtracking `re` this request would hold the server for longer than
+    # the age of the universe; pytest-timeout fails the test if it hangs.
+    tool = _tool(parameters={"type": "object", "properties": {"code": {"type": "string", "pattern": EVIL_PATTERN}}})
+    items = [
+        {"type": "message", "role": "user", "content": "look it up"},
+        {"type": "function_call", "call_id": "call_1", "name": "lookup",
+         "arguments": json.dumps({"code": "a" * 5000 + "!"})},
+        {"type": "function_call_output", "call_id": "call_1", "output": "found"},
+    ]
+    error = client.error({"model": "scripted-text", "input": items, "tools": [tool]}, 400)
+    assert (error["code"], error["param"]) == ("arguments_schema", "input[2]")
+    assert "does not match" in error["message"]
+
+
+def test_catastrophic_pattern_in_a_strict_output_check_fails_the_response_at_once(client: Client) -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": EVIL_PATTERN}},
+              "required": ["code"], "additionalProperties": False}
+    stream = client.stream(model="scripted-redos", input="x",
+                           text={"format": {"type": "json_schema", "name": "out", "schema": schema, "strict": True}})
+    assert stream.types()[-1] == "response.failed"
+    assert stream.final["error"]["code"] == "output_schema_mismatch"
+
+
+def test_lookaround_pattern_is_refused_with_a_reason(client: Client) -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^(?!x)"}}}
+    error = client.error({"model": "scripted-text", "input": "x",
+                          "text": {"format": {"type": "json_schema", "name": "out", "schema": schema}}}, 400)
+    assert (error["code"], error["param"]) == ("invalid_json_schema", "text.format.schema")
+    assert "linear time" in error["message"]

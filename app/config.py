@@ -65,10 +65,25 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the store; SQLite under ``data_dir`` when unset."""
 
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    """Bearer keys; empty means one anonymous tenant."""
+    """Bearer keys, ``name:secret`` (the tenant is ``name``; several secrets may share it,
+    which is how a key is rotated) or a bare secret (the tenant is a keyed digest of it);
+    empty means one anonymous tenant. See ``app.transport.auth``."""
     secret_key: SecretStr | None = None
     """Keys for encrypted content, comma-separated, newest first (older ones still
     decrypt); unset means a key generated once in ``data_dir``."""
+
+    rate_limit_rpm: int | None = Field(default=None, ge=1)
+    """Requests per minute per tenant (a sliding 60-second window) on the routes that
+    generate; one more is 429 ``rate_limit_exceeded`` with ``Retry-After``. Unset: unlimited."""
+    rate_limit_concurrent: int | None = Field(default=None, ge=1)
+    """Responses in flight per tenant (a stream, a JSON request, a background response, a
+    WebSocket turn); one more is 429 ``rate_limit_exceeded``. Unset: unlimited."""
+    redis_url: str | None = None
+    """Redis that counts the rate limits, so several replicas share each tenant's budget
+    (``redis://host:6379/0``). Unset: counted in this process's memory. If Redis cannot be
+    reached, requests are let through (fail open) with a warning in the log."""
+    redis_prefix: str = "ors"
+    """Prefix of the Redis keys, so several deployments can share one Redis."""
     ws_max_connection_seconds: float = 3600.0
     """The lifetime of a WebSocket connection."""
 

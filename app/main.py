@@ -23,6 +23,7 @@ from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
 from app.transport.http import install_routes
+from app.transport.ratelimit import rate_limiter
 
 log = logging.getLogger("ors")
 
@@ -80,14 +81,19 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     )
     live = LiveTurns()
     drain = Drain()
+    authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
+    limiter = rate_limiter(rpm=settings.rate_limit_rpm, concurrent=settings.rate_limit_concurrent,
+                           redis_url=settings.redis_url, redis_prefix=settings.redis_prefix)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         _warn_about_exposure(settings)
         drain.bind()
         app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
-        engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex)
+        engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
+                                  positional_tenants=authenticator.positional_tenants())
         await engine.store.open()
+        await limiter.start()
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))
@@ -98,6 +104,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
             app.state.ready = False
             drain_task.cancel()
             await live.drain()
+            await limiter.aclose()
             for backend in reversed(chosen):
                 await backend.aclose()
             await engine.store.close()
@@ -113,7 +120,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.drain = drain
     app.state.live = live
     app.state.engine = engine
-    app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
+    app.state.authenticator = authenticator
+    app.state.limiter = limiter
     install_error_handlers(app)
     install_routes(app)
     app.add_middleware(RequestIdMiddleware)
@@ -127,7 +135,9 @@ async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
 
 def _warn_about_exposure(settings: Settings) -> None:
     if settings.api_keys:
-        log.info("API keys configured: %d tenant(s)", len(settings.api_keys))
+        tenants = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys]).tenants
+        log.info("API keys configured: %d key(s), %d tenant(s): %s", len(settings.api_keys), len(tenants),
+                 ", ".join(tenants))
         return
     log.info("no API keys configured: serving one anonymous tenant")
     try:

@@ -116,3 +116,40 @@ def client(server: LiveServer) -> Iterator[Client]:
     client = Client(server.url)
     yield client
     client.close()
+
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture()
+def redis_url() -> str:
+    """The real Redis server. Fails (never skips) when it is not reachable."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        pytest.fail(f"Redis at {REDIS_URL} is not reachable ({error!r}); the rate limit tests need it.")
+    finally:
+        client.close()
+    return REDIS_URL
+
+
+@pytest.fixture()
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own, so tests never share counts; its keys are
+    deleted afterwards."""
+    import uuid
+
+    import redis
+
+    prefix = f"ors-test-{uuid.uuid4().hex[:12]}"
+    yield prefix
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()

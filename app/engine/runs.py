@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from app.engine.turn import Emitted, Turn
 from app.errors import ServerError
@@ -44,12 +44,17 @@ class LiveTurns:
                 async for emitted in events:
                     yield emitted
 
-    def start_background(self, turn: Turn) -> None:
-        """Run ``turn`` in a task of its own: it goes on whether or not anyone listens."""
+    def start_background(self, turn: Turn, on_end: Callable[[], Awaitable[None]] | None = None) -> None:
+        """Run ``turn`` in a task of its own: it goes on whether or not anyone listens.
+        ``on_end`` is awaited when the run ends, however it ends."""
 
         async def run() -> None:
-            with self.tracking(turn):
-                await turn.run()
+            try:
+                with self.tracking(turn):
+                    await turn.run()
+            finally:
+                if on_end is not None:
+                    await on_end()
 
         task = asyncio.create_task(run(), name=f"background-{turn.id}")
         self._background.add(task)

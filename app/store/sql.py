@@ -33,7 +33,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
@@ -73,10 +73,12 @@ PURGE_BATCH = 500
 class SqlResponseStore(ResponseStore):
     """The durable store. ``url`` is a SQLAlchemy URL (``sqlite+aiosqlite:///path/ors.db``
     or ``postgresql+asyncpg://user@host/db``; plain ``sqlite:`` / ``postgresql:`` are
-    accepted); ``instance_id`` names this server process and must be unique per start."""
+    accepted); ``instance_id`` names this server process and must be unique per start;
+    ``positional_tenants`` is handed to the migrations (see :mod:`app.store.migrate`)."""
 
     def __init__(
-        self, url: str, instance_id: str, *, recover_interval: float = 30.0, pool_size: int = 10
+        self, url: str, instance_id: str, *, recover_interval: float = 30.0, pool_size: int = 10,
+        positional_tenants: Mapping[str, str] | None = None,
     ) -> None:
         if not instance_id:
             raise ValueError("instance_id must not be empty")
@@ -84,6 +86,7 @@ class SqlResponseStore(ResponseStore):
         self.instance_id = instance_id
         self.recover_interval = recover_interval
         self._pool_size = pool_size
+        self._positional_tenants = positional_tenants
         self._engine: AsyncEngine | None = None
         self._writer: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
@@ -115,9 +118,9 @@ class SqlResponseStore(ResponseStore):
             if self.is_sqlite:
                 self._liveness = SingleProcessLiveness(sqlite_path(self.url))
                 await self._liveness.start()
-                await upgrade(engine)
+                await upgrade(engine, self._positional_tenants)
             else:
-                await upgrade(engine)
+                await upgrade(engine, self._positional_tenants)
                 self._liveness = AdvisoryLockLiveness(engine, self.instance_id)
                 await self._liveness.start()
             await self.recover()

@@ -1,6 +1,7 @@
 """``POST /v1/responses/compact``: the compacted window of a conversation, as JSON.
 
-Authenticated and tenant-scoped like every route. The body is parsed with the same
+Authenticated and tenant-scoped like every route, and counted by the tenant's rate
+limits like ``/v1/responses`` (it may run the model). The body is parsed with the same
 parser as ``/v1/responses`` (a missing ``model`` is 400 ``invalid_request`` with
 ``param: "model"``). Nothing is stored and no response id is created.
 """
@@ -16,7 +17,7 @@ from app.engine.sealing import Sealer
 from app.engine.limits import check_counts
 from app.engine.validation import decode_json, parse_body
 from app.protocol.compaction import CompactBody
-from app.transport.http import EngineDep, TenantDep, history_for
+from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for
 
 router = APIRouter()
 
@@ -26,15 +27,16 @@ def _sealer(request: Request) -> Sealer:
 
 
 @router.post("/v1/responses/compact")
-async def compact_response(request: Request, engine: EngineDep, tenant: TenantDep) -> Response:
+async def compact_response(request: Request, engine: EngineDep, tenant: TenantDep, limiter: LimiterDep) -> Response:
     """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
     window to start a new chain from."""
-    data = decode_json(await request.body(), engine.limits.max_json_depth)
-    if isinstance(data, dict):
-        check_counts(data, engine.limits)
-    body = parse_body(CompactBody, data)
-    await check_images(body.input, max_bytes=engine.max_image_bytes)
-    resource = await compact_request(
-        body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)
-    )
+    async with await limiter.acquire(tenant):
+        data = decode_json(await request.body(), engine.limits.max_json_depth)
+        if isinstance(data, dict):
+            check_counts(data, engine.limits)
+        body = parse_body(CompactBody, data)
+        await check_images(body.input, max_bytes=engine.max_image_bytes)
+        resource = await compact_request(
+            body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)
+        )
     return Response(resource.model_dump_json(), media_type="application/json")

@@ -21,6 +21,7 @@ from app.protocol.responses import ResponseResource
 from app.store.base import ResponseStore
 from app.transport.auth import KeyAuthenticator
 from app.transport.errors import error_response
+from app.transport.ratelimit import RateLimiter
 from app.transport.sse import replay_events, stream_emitted, stream_turn
 
 log = logging.getLogger("ors.http")
@@ -39,9 +40,14 @@ def get_live(request: Request) -> LiveTurns:
     return request.app.state.live  # type: ignore[no-any-return]
 
 
+def get_limiter(request: Request) -> RateLimiter:
+    return request.app.state.limiter  # type: ignore[no-any-return]
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
 TenantDep = Annotated[str, Depends(get_tenant)]
 LiveDep = Annotated[LiveTurns, Depends(get_live)]
+LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 
 router = APIRouter()
 
@@ -72,21 +78,36 @@ def history_for(engine: Engine, tenant: str) -> HistorySource:
 
 
 @router.post("/v1/responses")
-async def create_response(request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+async def create_response(
+    request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep, limiter: LimiterDep
+) -> Response:
     """Create a response: JSON by default, SSE with ``stream: true``; ``background: true``
-    runs it in a task of its own and answers at once."""
-    turn = await engine.prepare(decode_json(await request.body(), engine.limits.max_json_depth), tenant=tenant, history=history_for(engine, tenant))
+    runs it in a task of its own and answers at once. The tenant's rate limits are
+    checked first; the place it holds among the tenant's responses in flight is released
+    when the response ends (its terminal event, the client leaving, an error before it
+    started, or a background run's end)."""
+    lease = await limiter.acquire(tenant)
+    try:
+        turn = await engine.prepare(
+            decode_json(await request.body(), engine.limits.max_json_depth),
+            tenant=tenant,
+            history=history_for(engine, tenant),
+        )
+    except BaseException:
+        await lease.release()
+        raise
     body = turn.body
     drain = request.app.state.drain
     if body.background:
-        live.start_background(turn)
+        live.start_background(turn, on_end=lease.release)
         if body.stream:
             return stream_emitted(turn.follow())
         await _until(lambda: bool(turn.emitted))
         return _json(turn.response)
     if body.stream:
-        return stream_turn(turn, drain, live)
-    response = await _run_while_connected(request, turn, live)
+        return stream_turn(turn, drain, live, on_end=lease.release)
+    async with lease:
+        response = await _run_while_connected(request, turn, live)
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)
     return _json(response)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.background import BackgroundTask
 
 from app.engine.runs import LiveTurns
 from app.engine.turn import Emitted, Turn
@@ -40,7 +41,8 @@ def encode_event(event_type: str, data: str) -> bytes:
     return f"event: {event_type}\ndata: {data}\n\n".encode()
 
 
-def _response(body: AsyncIterator[bytes], shutdown: anyio.Event | None = None) -> EventSourceResponse:
+def _response(body: AsyncIterator[bytes], shutdown: anyio.Event | None = None,
+              background: BackgroundTask | None = None) -> EventSourceResponse:
     return EventSourceResponse(
         body,
         sep="\n",
@@ -49,12 +51,20 @@ def _response(body: AsyncIterator[bytes], shutdown: anyio.Event | None = None) -
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         shutdown_event=shutdown,
         shutdown_grace_period=SHUTDOWN_GRACE_SECONDS if shutdown is not None else 0,
+        background=background,
     )
 
 
-def stream_turn(turn: Turn, drain: Drain, live: LiveTurns) -> EventSourceResponse:
-    """The SSE response that drives a prepared turn."""
+def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
+                on_end: Callable[[], Awaitable[None]] | None = None) -> EventSourceResponse:
+    """The SSE response that drives a prepared turn. ``on_end`` (idempotent) is awaited
+    once the turn has ended, before ``[DONE]``, and in any case when the response is
+    over, also if its body never started."""
     shutdown = anyio.Event()
+
+    async def ended() -> None:
+        if on_end is not None:
+            await on_end()
 
     async def body() -> AsyncIterator[bytes]:
         watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
@@ -62,13 +72,15 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns) -> EventSourceRespons
             async with contextlib.aclosing(live.tracked_events(turn)) as events:
                 async for emitted in events:
                     yield encode_event(emitted.type, emitted.data)
+            await ended()
             yield DONE_FRAME
         finally:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            await ended()
 
-    return _response(body(), shutdown)
+    return _response(body(), shutdown, BackgroundTask(ended))
 
 
 def stream_emitted(events: AsyncIterator[Emitted]) -> EventSourceResponse:

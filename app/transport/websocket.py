@@ -7,11 +7,16 @@ server answers with the same event objects as SSE, one JSON object per frame, an
 * **One response in flight.** Frames that arrive while a turn runs wait in a queue and
   run strictly in order. The reader keeps reading meanwhile, so a client that goes away
   is noticed at once: the running turn is cancelled, which stops generation.
+* **Rate limits.** Each ``response.create`` is counted by the tenant's rate limits when
+  its turn comes, and holds a place among the tenant's responses in flight while its
+  response runs. A refusal is an error envelope (status 429, code
+  ``rate_limit_exceeded``); nothing else happens to the connection, which stays open.
 * **Connection-local state.** The latest response of the connection is kept in memory
   (its whole history), so a ``store: false`` response can be continued on the same
   socket; stored ids are loaded from the store. A continuation that fails (any 4xx or
-  5xx) evicts the id it referenced: continuing from it again on this connection fails
-  with ``previous_response_not_found``.
+  5xx, except a rate-limit refusal, which comes before the request is looked at) evicts
+  the id it referenced: continuing from it again on this connection fails with
+  ``previous_response_not_found``.
 * **One terminal message per turn.** A failure before the response starts is one error
   envelope ``{"type": "error", "status", "error": {...}}``; a failure after it started
   is one ``response.failed`` (no ``error`` event before it, unlike SSE). The socket stays
@@ -43,6 +48,7 @@ from app.errors import InvalidRequest, ORSError, ServerError
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import error_response
+from app.transport.ratelimit import RateLimiter
 
 log = logging.getLogger("ors.websocket")
 
@@ -85,8 +91,9 @@ class ConnectionHistory(HistorySource):
 
 class Connection:
     def __init__(self, socket: WebSocket, engine: Engine, tenant: str, live: LiveTurns, drain: Drain,
-                 max_seconds: float) -> None:
+                 max_seconds: float, limiter: RateLimiter) -> None:
         self.socket = socket
+        self.limiter = limiter
         self.engine = engine
         self.tenant = tenant
         self.live = live
@@ -170,9 +177,17 @@ class Connection:
                 return
 
     async def _turn(self, frame: str) -> None:
-        data: Any = None
         try:
             data = _create_event(frame, self.engine.limits.max_json_depth)
+            lease = await self.limiter.acquire(self.tenant)
+        except ORSError as error:
+            await self._send(error.websocket_envelope())
+            return
+        async with lease:
+            await self._respond(data)
+
+    async def _respond(self, data: dict[str, Any]) -> None:
+        try:
             previous = data.get("previous_response_id")
             past = (
                 await self.history.load(previous) if isinstance(previous, str) and previous else History()
@@ -247,6 +262,7 @@ async def responses_socket(socket: WebSocket) -> None:
         return
     await socket.accept()
     connection = Connection(
-        socket, state.engine, tenant, state.live, state.drain, state.settings.ws_max_connection_seconds
+        socket, state.engine, tenant, state.live, state.drain, state.settings.ws_max_connection_seconds,
+        state.limiter,
     )
     await connection.serve()

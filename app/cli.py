@@ -31,7 +31,11 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"ors serve: --{name.replace('_', '-')} / ORS_{name.upper()}: {error['msg']}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # a setting that parses but cannot be used (e.g. a bad key entry)
+        print(f"ors serve: {exc}", file=sys.stderr)
+        return 2
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -58,3 +59,10 @@ def test_a_bad_value_is_a_clear_error() -> None:
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "--port / ORS_PORT" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unusable_key_entry_is_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "app.cli", "serve"], capture_output=True, text=True,
+                            env={**os.environ, "ORS_API_KEYS": "key-x:abc"})
+    assert result.returncode == 2
+    assert "reserved" in result.stderr and "Traceback" not in result.stderr and "abc" not in result.stderr

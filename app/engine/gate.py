@@ -174,7 +174,7 @@ def check_items(
     ``schema_limits``: the size and depth a tool's ``parameters`` may have
     (:mod:`app.schemas` compiles them)."""
     toolbox = _Toolbox(tools, history_tools, schema_limits)
-    if items is None or isinstance(items, str):
+    if not isinstance(items, list | tuple):  # a string, or not items at all: validation says why
         return list(toolbox.findings)
     items = list(items)
     names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]

@@ -178,3 +178,9 @@ def test_lookaround_pattern_is_refused_with_a_reason(client: Client) -> None:
                           "text": {"format": {"type": "json_schema", "name": "out", "schema": schema}}}, 400)
     assert (error["code"], error["param"]) == ("invalid_json_schema", "text.format.schema")
     assert "linear time" in error["message"]
+
+
+@pytest.mark.parametrize("value", [5, {"a": 1}, True, 1.5])
+def test_input_of_the_wrong_type_is_a_400(client: Client, value: Any) -> None:
+    error = client.error({"model": "scripted-text", "input": value}, 400)
+    assert error["param"] == "input"

@@ -112,6 +112,8 @@ class Settings(BaseSettings):
 
     log_level: str = "info"
     """The log level (``debug``, ``info``, ``warning``, ``error``)."""
+    metrics_key: SecretStr | None = None
+    """A bearer key for ``GET /metrics`` alone; unset means the API keys (or none) protect it."""
     log_format: Literal["text", "json"] = "text"
     """``text`` lines, or ``json``: one JSON object per line. Either carries the request id."""
 

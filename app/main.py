@@ -13,11 +13,13 @@ from fastapi import FastAPI
 
 from app.backends.base import Backend
 from app.config import Settings
+from app.metrics import Metrics
 from app.engine.models import ModelRouter
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.engine.engine import Engine
 from app.store.factory import open_store
+from app.transport.metrics import install_metrics
 from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
@@ -79,6 +81,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         max_image_bytes=settings.max_image_bytes,
         limits=settings.request_limits(),
     )
+    metrics = engine.metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()])
     live = LiveTurns()
     drain = Drain()
     authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
@@ -124,6 +127,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.limiter = limiter
     install_error_handlers(app)
     install_routes(app)
+    install_metrics(app, metrics, metrics_key=settings.metrics_key.get_secret_value() if settings.metrics_key else None)
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -188,12 +188,26 @@ class ModelInfo:
     context_window: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelGauges:
+    """One model's load at this instant, for ``/metrics``."""
+
+    model: str
+    slots: int
+    slots_busy: int
+    waiting: int
+
+
 class Backend(abc.ABC):
     """A source of model output. See the module docstring for the stream contract."""
 
     @abc.abstractmethod
     def models(self) -> list[ModelInfo]:
         """The model ids this backend serves (may be empty for a pass-through upstream)."""
+
+    def gauges(self) -> list[ModelGauges]:
+        """The load of the models this backend runs itself (none for an upstream)."""
+        return []
 
     async def available_models(self) -> list[ModelInfo]:
         """The models to list in ``/v1/models``; an upstream may ask its server."""

@@ -66,6 +66,7 @@ from app.backends.base import (  # noqa: E402
     Finish,
     FinishReason,
     GenerationRequest,
+    ModelGauges,
     ModelInfo,
     TextDelta,
     TokenLogprob,
@@ -330,6 +331,13 @@ class LocalBackend(Backend):
 
     def serves(self, model: str) -> bool:
         return model in self._entries
+
+    def gauges(self) -> list[ModelGauges]:
+        return [
+            ModelGauges(model, entry.model.slots.size, entry.model.slots.busy, entry.model.slots.waiting)
+            for model, entry in self._entries.items()
+            if entry.model is not None
+        ]
 
     def context_window(self, model: str) -> int:
         """Tokens of context (prompt plus output) that ``model`` runs with."""

@@ -40,6 +40,7 @@ from app.errors import InvalidRequest
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
 from app.protocol.tools import AllowedToolsParam, FunctionToolParam, SpecificFunctionParam
+from app.metrics import Metrics, note_model
 from app.schemas import SchemaLimits, compile_schema
 from app.store.base import ResponseStore
 
@@ -73,6 +74,8 @@ class Engine:
         """The largest image a data URL may carry, decoded."""
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
+        self.metrics = Metrics()
+        """What the server counts; the app replaces it with the one ``/metrics`` reads."""
 
     async def prepare(
         self,
@@ -103,14 +106,19 @@ class Engine:
             unknown_tool=self.gate_unknown_tool,
             limits=self.limits.schema,
         )
-        if _has_schema_work(data, past):
-            await asyncio.to_thread(check)  # compiling and validating schemas is CPU work
-        else:
-            check()
+        try:
+            if _has_schema_work(data, past):
+                await asyncio.to_thread(check)  # compiling and validating schemas is CPU work
+            else:
+                check()
+        except InvalidRequest as refused:
+            self.metrics.gate_rejections.labels(refused.code or "invalid_request").inc()
+            raise
         body = parse_body(CreateResponseBody, data)
         await check_images(body.input, max_bytes=self.max_image_bytes)
         requested = body.model or self.router.default_model
         model, backend = self.router.resolve(requested)
+        note_model(requested)
         for index, tool in enumerate(body.tools or []):
             if not isinstance(tool, FunctionToolParam):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",

@@ -1,0 +1,126 @@
+"""What the server counts, in the Prometheus format (prometheus-client).
+
+One :class:`Metrics` per app, with its own registry (several apps may share a process, in
+tests). Observations are made at a few points only, never per token:
+
+* the transport's middleware: every HTTP request by route template, method, status and
+  model (``ors_http_requests_total``); WebSocket connections open
+  (``ors_websocket_connections``);
+* the engine, once per response when it ends: status, duration, time to first output,
+  tokens in, out and served from the prompt cache, failures by error code (an upstream's
+  failures are among them: ``upstream_unavailable``, ``upstream_error`` …), and the
+  responses in progress (``ors_responses_in_progress``);
+* the engine, when the replay gate or the schema admission refuses a request
+  (``ors_gate_rejections_total`` by reason);
+* at scrape time, a collector asks each backend for its gauges (the embedded engine's
+  slots in use, slots, and requests waiting), so nothing is kept up to date in between.
+
+The ``model`` of an HTTP request is noted by the engine into a holder that the
+middleware creates per request (:func:`note_model`); requests that never reach the engine
+have ``model=""``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+@dataclass(slots=True)
+class RequestLabels:
+    """Filled in while a request is served; read by the middleware when it ends."""
+
+    model: str = ""
+
+
+current_request: ContextVar[RequestLabels | None] = ContextVar("current_request", default=None)
+
+
+def note_model(model: str) -> None:
+    """Record the model of the request being served (for ``ors_http_requests_total``)."""
+    labels = current_request.get()
+    if labels is not None:
+        labels.model = model
+
+
+class ModelGauges(Protocol):
+    """A backend's view of one model at scrape time (``app.backends.base.ModelGauges``)."""
+
+    model: str
+    slots: int
+    slots_busy: int
+    waiting: int
+
+
+class _Backends(Collector):
+    def __init__(self, sources: Callable[[], Iterable[ModelGauges]]) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        slots = GaugeMetricFamily("ors_model_slots", "Generation slots of an embedded model.", labels=["model"])
+        busy = GaugeMetricFamily("ors_model_slots_busy", "Slots generating now.", labels=["model"])
+        waiting = GaugeMetricFamily("ors_model_queue_depth", "Requests waiting for a slot.", labels=["model"])
+        for gauges in self.sources():
+            slots.add_metric([gauges.model], gauges.slots)
+            busy.add_metric([gauges.model], gauges.slots_busy)
+            waiting.add_metric([gauges.model], gauges.waiting)
+        yield from (slots, busy, waiting)
+
+
+class Metrics:
+    def __init__(self, backend_gauges: Callable[[], Iterable[ModelGauges]] = tuple) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter(
+            "ors_http_requests", "HTTP requests, by route template, method, status and model.",
+            ["route", "method", "status", "model"], registry=r)
+        self.websocket_connections = Gauge(
+            "ors_websocket_connections", "WebSocket connections open.", registry=r)
+        self.responses = Counter(
+            "ors_responses", "Responses ended, by model and status.", ["model", "status"], registry=r)
+        self.responses_in_progress = Gauge(
+            "ors_responses_in_progress", "Responses being generated (streamed or not).", registry=r)
+        self.failures = Counter(
+            "ors_response_failures", "Failed responses, by model and error code (upstream errors included).",
+            ["model", "code"], registry=r)
+        self.time_to_first_token = Histogram(
+            "ors_time_to_first_token_seconds", "From the start of a response to its first output.",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram(
+            "ors_response_duration_seconds", "From the start of a response to its end.",
+            ["model"], buckets=_DURATION_BUCKETS, registry=r)
+        self.tokens = Counter(
+            "ors_tokens", "Tokens, by model and kind: input, output, cached (input served from the prompt cache).",
+            ["model", "kind"], registry=r)
+        self.prompt_cache_hits = Counter(
+            "ors_prompt_cache_hits", "Responses whose prompt was partly served from the prompt cache.",
+            ["model"], registry=r)
+        self.gate_rejections = Counter(
+            "ors_gate_rejections", "Requests refused by the replay gate or schema admission, by reason.",
+            ["reason"], registry=r)
+        r.register(_Backends(backend_gauges))
+
+    def response_ended(
+        self, *, model: str, status: str, error_code: str | None, seconds: float,
+        first_output_seconds: float | None, input_tokens: int, output_tokens: int, cached_tokens: int,
+    ) -> None:
+        self.responses.labels(model, status).inc()
+        self.duration.labels(model).observe(seconds)
+        if first_output_seconds is not None:
+            self.time_to_first_token.labels(model).observe(first_output_seconds)
+        if error_code is not None:
+            self.failures.labels(model, error_code).inc()
+        self.tokens.labels(model, "input").inc(input_tokens)
+        self.tokens.labels(model, "output").inc(output_tokens)
+        if cached_tokens:
+            self.tokens.labels(model, "cached").inc(cached_tokens)
+            self.prompt_cache_hits.labels(model).inc()

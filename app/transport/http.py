@@ -80,9 +80,11 @@ async def create_response(request: Request, engine: EngineDep, tenant: TenantDep
     drain = request.app.state.drain
     if body.background:
         live.start_background(turn)
+        # its first event exists once its start is recorded; a start that fails is a
+        # plain HTTP error, as for any request
+        await turn.wait_started()
         if body.stream:
             return stream_emitted(turn.follow())
-        await _until(lambda: bool(turn.emitted))
         return _json(turn.response)
     if body.stream:
         return stream_turn(turn, drain, live)
@@ -127,8 +129,7 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
     running = live.get(tenant, response_id)
     if running is not None:
         running.cancel()
-        await _until(lambda: running.finished)
-        await _until(lambda: live.get(tenant, response_id) is None)
+        await running.wait_ended()
     if not await _store(engine).delete(tenant, response_id):
         raise _not_found(response_id)
     return Response(_dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
@@ -144,7 +145,7 @@ async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep
             raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
                                  param="response_id")
         running.cancel()
-        await _until(lambda: running.finished)
+        await running.wait_ended()
         return _json(running.response)
     stored = await _store(engine).get(tenant, response_id)
     if stored is None:
@@ -204,11 +205,6 @@ def _dumps(value: Any) -> str:
 
 def _json(response: ResponseResource) -> Response:
     return Response(response.model_dump_json(), media_type="application/json")
-
-
-async def _until(condition: Any, interval: float = 0.01) -> None:
-    while not condition():
-        await asyncio.sleep(interval)
 
 
 async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource:

@@ -19,10 +19,17 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.serve import Server
+    from app.serve import Server, transport_options
+    from app.transport.guards import exposure_problem
 
     overrides = {key: value for key, value in {"host": args.host, "port": args.port}.items() if value is not None}
     settings = Settings(**overrides)
+    problem = exposure_problem(
+        settings.host, has_keys=bool(settings.api_keys), allow_unauthenticated=settings.allow_unauthenticated
+    )
+    if problem is not None:
+        print(f"ors: {problem}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -33,6 +40,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **transport_options(settings),
     )
     Server(config, app.state.drain).run()
     return 0

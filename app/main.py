@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import uuid
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -21,11 +20,10 @@ from app.store.factory import open_store
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
+from app.transport.guards import Cors, Guards, exposure_problem, is_loopback
 from app.transport.http import install_routes
 
 log = logging.getLogger("ors")
-
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def default_backends(settings: Settings) -> list[Backend]:
@@ -104,7 +102,6 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         title="Open Responses Server",
         version="0.1.0",
         lifespan=lifespan,
-        max_body_size=MAX_BODY_BYTES,
     )
     app.state.settings = settings
     app.state.ready = False
@@ -114,7 +111,29 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
     install_error_handlers(app)
     install_routes(app)
+    install_guards(app, settings)
     return app
+
+
+def install_guards(app: FastAPI, settings: Settings) -> None:
+    """The exposure guards around the app, and CORS outside them (so that a refusal
+    still carries its CORS headers and a browser can read it); CORS only when origins
+    are configured."""
+    app.add_middleware(
+        Guards,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    if settings.allowed_origins:
+        app.add_middleware(
+            Cors,
+            allow_origins=settings.allowed_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
 
 
 async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
@@ -122,14 +141,22 @@ async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
     await live.drain()
 
 
+class ExposureRefused(RuntimeError):
+    """The server must not start with these settings (see :func:`exposure_problem`)."""
+
+
 def _warn_about_exposure(settings: Settings) -> None:
+    """Refuse a non-loopback bind without keys unless explicitly allowed; say what the
+    exposure is."""
+    problem = exposure_problem(
+        settings.host, has_keys=bool(settings.api_keys), allow_unauthenticated=settings.allow_unauthenticated
+    )
+    if problem is not None:
+        raise ExposureRefused(problem)
     if settings.api_keys:
         log.info("API keys configured: %d tenant(s)", len(settings.api_keys))
         return
     log.info("no API keys configured: serving one anonymous tenant")
-    try:
-        loopback = ipaddress.ip_address(settings.host).is_loopback
-    except ValueError:
-        loopback = settings.host == "localhost"
-    if not loopback:
-        log.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
+    if not is_loopback(settings.host):
+        log.warning("listening on %s without API keys (ORS_ALLOW_UNAUTHENTICATED): anyone who can reach it "
+                    "can use it", settings.host)

@@ -8,7 +8,7 @@ import pytest
 
 from app.config import Settings
 from app.errors import Unauthorized
-from app.main import _warn_about_exposure
+from app.main import ExposureRefused, _warn_about_exposure
 from app.transport.auth import ANONYMOUS, KeyAuthenticator
 
 
@@ -34,7 +34,9 @@ def test_exposure_warnings(caplog: pytest.LogCaptureFixture) -> None:
     _warn_about_exposure(Settings(host="127.0.0.1"))
     assert "anonymous tenant" in caplog.text and "anyone who can reach it" not in caplog.text
     caplog.clear()
-    _warn_about_exposure(Settings(host="0.0.0.0"))
+    with pytest.raises(ExposureRefused, match="ORS_API_KEYS"):
+        _warn_about_exposure(Settings(host="0.0.0.0"))
+    _warn_about_exposure(Settings(host="0.0.0.0", allow_unauthenticated=True))
     assert "anyone who can reach it" in caplog.text
     caplog.clear()
     _warn_about_exposure(Settings(host="0.0.0.0", api_keys=["k"]))

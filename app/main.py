@@ -84,6 +84,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
         engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex)
         await engine.store.open()
+        # a cancel recorded by any replica stops the turn if it runs here
+        await engine.store.watch_cancels(live.cancel)
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))

@@ -138,22 +138,32 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
-    """Cancel a background response; a finished one is returned unchanged."""
+    """Cancel a background response, wherever it runs; a finished one is returned
+    unchanged. Running here, the turn is stopped and its own end (with the output made so
+    far) is the answer; running on another replica (or nowhere any more), the cancel is
+    recorded in the store, which tells the replica that runs it (``app.store.cancels``)."""
     running = live.get(tenant, response_id)
     if running is not None:
         if not running.body.background:
-            raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
-                                 param="response_id")
+            raise _not_background()
         running.cancel()
         await running.wait_ended()
         return _json(running.response)
-    stored = await _store(engine).get(tenant, response_id)
+    store = _store(engine)
+    stored = await store.get(tenant, response_id)
     if stored is None:
         raise _not_found(response_id)
     if not stored.background:
-        raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
-                             param="response_id")
+        raise _not_background()
+    if stored.status in ("queued", "in_progress"):
+        stored = await store.cancel(tenant, response_id)
+        if stored is None:  # deleted meanwhile
+            raise _not_found(response_id)
     return Response(_dumps(stored.resource), media_type="application/json")
+
+
+def _not_background() -> InvalidRequest:
+    return InvalidRequest("Only background responses can be cancelled.", code="not_background", param="response_id")
 
 
 @router.get("/v1/responses/{response_id}/input_items")

@@ -19,7 +19,9 @@ In order, each refusal an :mod:`app.errors` error rendered by
 3. **Content-Type** of a ``POST``: ``application/json``, optionally with ``charset=utf-8``;
    otherwise 415 ``unsupported_media_type`` (``param`` null). Browsers send a JSON type
    cross-site only after a CORS preflight, so a form or ``text/plain`` post from another
-   site never runs a generation.
+   site never runs a generation. A ``POST`` without a body and without a Content-Type
+   (``curl -X POST …/cancel``) passes: there is nothing to parse, and the one such
+   endpoint acts on a response id that another site cannot know.
 4. **Body size**: a ``Content-Length`` above ``ORS_MAX_BODY_BYTES`` is refused before a
    byte is read; a chunked body is counted as the app reads it and refused (the read
    raises) as soon as it passes the limit, so no more than the limit is ever handed on.
@@ -120,7 +122,9 @@ class Guards:
             elif name == b"transfer-encoding":
                 chunked = True
         error = self._host_error(host)
-        if error is None and scope["method"] == "POST":
+        if error is None and scope["method"] == "POST" and (
+            content_type is not None or chunked or (length is not None and length != b"0")
+        ):
             error = _content_type_error(content_type)
         if error is None and length is not None and _declared(length) > self.max_body_bytes:
             error = self._too_large()

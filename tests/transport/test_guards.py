@@ -105,6 +105,16 @@ def test_posts_must_be_json(guarded: LiveServer, content_type: str | None) -> No
         assert error["param"] is None
 
 
+def test_a_post_without_body_or_type_passes(guarded: LiveServer) -> None:
+    """Nothing to parse (``curl -X POST …/cancel``): it reaches the route."""
+    reply = httpx.post(guarded.url + "/v1/responses/resp_unknown/cancel")
+    assert "content-type" not in reply.request.headers
+    _error(reply, 404, "response_not_found")
+    empty_form = httpx.post(guarded.url + "/v1/responses/resp_unknown/cancel",
+                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+    _error(empty_form, 415, "unsupported_media_type")
+
+
 @pytest.mark.parametrize("content_type", [
     "application/json", "application/json; charset=utf-8", 'Application/JSON;Charset="UTF-8"',
 ])

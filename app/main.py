@@ -79,7 +79,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        _warn_about_exposure(settings)
+        check_exposure(settings)
         drain.bind()
         app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
         engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex)
@@ -131,7 +131,7 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
     if settings.allowed_origins:
         app.add_middleware(
             Cors,
-            allow_origins=settings.allowed_origins,
+            allow_origins=[origin.strip().rstrip("/") for origin in settings.allowed_origins],
             allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["*"],
             expose_headers=["Retry-After"],
@@ -147,7 +147,7 @@ class ExposureRefused(RuntimeError):
     """The server must not start with these settings (see :func:`exposure_problem`)."""
 
 
-def _warn_about_exposure(settings: Settings) -> None:
+def check_exposure(settings: Settings) -> None:
     """Refuse a non-loopback bind without keys unless explicitly allowed; say what the
     exposure is."""
     problem = exposure_problem(

@@ -1,4 +1,4 @@
-"""Bearer keys and what the server says about its exposure at start."""
+"""Bearer keys, and what the server says (or refuses) about its exposure at start."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from app.config import Settings
 from app.errors import Unauthorized
-from app.main import ExposureRefused, _warn_about_exposure
+from app.main import ExposureRefused, check_exposure
 from app.transport.auth import ANONYMOUS, KeyAuthenticator
 
 
@@ -29,15 +29,15 @@ def test_each_key_is_its_own_tenant_and_never_the_key_itself() -> None:
     assert "secret" not in auth.tenant("Bearer second-secret")
 
 
-def test_exposure_warnings(caplog: pytest.LogCaptureFixture) -> None:
+def test_exposure_is_refused_or_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="ors")
-    _warn_about_exposure(Settings(host="127.0.0.1"))
+    check_exposure(Settings(host="127.0.0.1"))
     assert "anonymous tenant" in caplog.text and "anyone who can reach it" not in caplog.text
     caplog.clear()
     with pytest.raises(ExposureRefused, match="ORS_API_KEYS"):
-        _warn_about_exposure(Settings(host="0.0.0.0"))
-    _warn_about_exposure(Settings(host="0.0.0.0", allow_unauthenticated=True))
+        check_exposure(Settings(host="0.0.0.0"))
+    check_exposure(Settings(host="0.0.0.0", allow_unauthenticated=True))
     assert "anyone who can reach it" in caplog.text
     caplog.clear()
-    _warn_about_exposure(Settings(host="0.0.0.0", api_keys=["k"]))
+    check_exposure(Settings(host="0.0.0.0", api_keys=["k"]))
     assert "anyone" not in caplog.text and "1 tenant" in caplog.text

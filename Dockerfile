@@ -1,4 +1,10 @@
-# Open Responses Server. Build: docker build -t ors .  Run: docker run -p 8080:8080 ors
+# Open Responses Server. Build: docker build -t ors .
+# Run:   docker run -p 8080:8080 -e ORS_API_KEYS=<key>[,<key>...] ors
+#        (keys are secrets: pass them at run time, never bake them into an image;
+#        clients send "Authorization: Bearer <key>"; each key is a tenant of its own).
+# The image listens on all interfaces, so without ORS_API_KEYS it refuses to start;
+# -e ORS_ALLOW_UNAUTHENTICATED=true serves without keys (e.g. behind a proxy that
+# authenticates). Browser clients need ORS_ALLOWED_ORIGINS; see the README's settings.
 # Stage 1 compiles llama-cpp-python and llama.cpp's server (llama-server, which runs the
 # embedded models) from the llama-cpp-python sdist; stage 2 is the slim runtime.
 
@@ -27,7 +33,8 @@ ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     ORS_HOST=0.0.0.0 \
     ORS_PORT=8080 \
-    ORS_DATA_DIR=/data
+    ORS_DATA_DIR=/data \
+    ORS_ALLOW_UNAUTHENTICATED=false
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1=12.* \
     && rm -rf /var/lib/apt/lists/* \

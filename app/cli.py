@@ -21,7 +21,8 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import create_app
-    from app.serve import Server
+    from app.serve import Server, transport_options
+    from app.transport.guards import exposure_problem
 
     try:
         settings = settings_from(args)
@@ -29,6 +30,12 @@ def _serve(args: argparse.Namespace) -> int:
         for error in exc.errors():
             name = ".".join(str(part) for part in error["loc"])
             print(f"ors serve: --{name.replace('_', '-')} / ORS_{name.upper()}: {error['msg']}", file=sys.stderr)
+        return 2
+    problem = exposure_problem(
+        settings.host, has_keys=bool(settings.api_keys), allow_unauthenticated=settings.allow_unauthenticated
+    )
+    if problem is not None:
+        print(f"ors serve: {problem}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
     try:
@@ -43,6 +50,7 @@ def _serve(args: argparse.Namespace) -> int:
         log_level=settings.log_level,
         log_config=None,  # uvicorn's loggers go through ours (format, request ids)
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **transport_options(settings),
     )
     Server(config, app.state.drain).run()
     return 0

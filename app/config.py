@@ -13,6 +13,8 @@ from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, D
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, SchemaLimits
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Room for a 20 MiB image as a base64 data URL (about 27 MiB) plus the rest of a request."""
 
 
 class Settings(BaseSettings):
@@ -87,6 +89,22 @@ class Settings(BaseSettings):
     ws_max_connection_seconds: float = 3600.0
     """The lifetime of a WebSocket connection."""
 
+    allow_unauthenticated: bool = False
+    """Serve without API keys on an address that is not loopback. Without it (and without
+    ``api_keys``) the server refuses to start there."""
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Browser origins (``https://app.example``, or ``*``) that may open WebSocket
+    connections and make CORS requests; empty means no CORS, and WebSocket upgrades that
+    carry an ``Origin`` are refused (those without one, from SDKs and CLIs, are not)."""
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Host names accepted besides ``localhost``, ``127.0.0.1`` and ``[::1]`` when the server
+    listens on a loopback address (a guard against DNS rebinding)."""
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
+    """The largest request body, and the largest WebSocket message (413 ``request_too_large``)."""
+    ws_max_queued_frames: int = Field(default=4, ge=0)
+    """``response.create`` frames that may wait behind the running turn of a WebSocket
+    connection; each one more gets an error envelope (429, in its turn) and is dropped."""
+
     foreign_items: Literal["reject", "drop"] = "reject"
     """What to do with vendor-prefixed input items of other implementations."""
     gate_unknown_tool: Literal["accept", "reject"] = "accept"
@@ -140,7 +158,8 @@ class Settings(BaseSettings):
             pairs[alias.strip()] = target.strip()
         return pairs
 
-    @field_validator("api_keys", "preload_models", "upstream_models", mode="before")
+    @field_validator("api_keys", "preload_models", "upstream_models", "allowed_origins", "allowed_hosts",
+                     mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

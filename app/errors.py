@@ -5,8 +5,11 @@
      │    ├── ContextLengthExceeded      code context_length_exceeded
      │    └── PreviousResponseNotFound   code previous_response_not_found
      ├── Unauthorized             401  invalid_request, code invalid_api_key
+     ├── Forbidden                403  invalid_request   (host_not_allowed, origin_not_allowed)
      ├── NotFound                 404  not_found
      │    └── ModelNotFound              code model_not_found
+     ├── PayloadTooLarge          413  invalid_request, code request_too_large
+     ├── UnsupportedMediaType     415  invalid_request, code unsupported_media_type
      ├── TooManyRequests          429  too_many_requests
      ├── ServerError              500  server_error
      └── ModelError               500  model_error   (the model or its upstream failed)
@@ -70,6 +73,25 @@ class Unauthorized(ORSError):
     status = 401
     type = "invalid_request"
     default_code = "invalid_api_key"
+
+
+class Forbidden(ORSError):
+    """Refused by the server's exposure policy (a Host or an Origin it does not serve)."""
+
+    status = 403
+    type = "invalid_request"
+
+
+class PayloadTooLarge(ORSError):
+    status = 413
+    type = "invalid_request"
+    default_code = "request_too_large"
+
+
+class UnsupportedMediaType(ORSError):
+    status = 415
+    type = "invalid_request"
+    default_code = "unsupported_media_type"
 
 
 class NotFound(ORSError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import uuid
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -24,12 +23,11 @@ from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
+from app.transport.guards import Cors, Guards, exposure_problem, is_loopback
 from app.transport.http import install_routes
 from app.transport.ratelimit import rate_limiter
 
 log = logging.getLogger("ors")
-
-MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def default_backends(settings: Settings) -> list[Backend]:
@@ -90,13 +88,15 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        _warn_about_exposure(settings)
+        check_exposure(settings)
         drain.bind()
         app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
         engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
                                   positional_tenants=authenticator.positional_tenants())
         await engine.store.open()
         await limiter.start()
+        # a cancel recorded by any replica stops the turn if it runs here
+        await engine.store.watch_cancels(live.cancel)
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))
@@ -116,7 +116,6 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         title="Open Responses Server",
         version="0.1.0",
         lifespan=lifespan,
-        max_body_size=MAX_BODY_BYTES,
     )
     app.state.settings = settings
     app.state.ready = False
@@ -128,8 +127,30 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     install_error_handlers(app)
     install_routes(app)
     install_metrics(app, metrics, metrics_key=settings.metrics_key.get_secret_value() if settings.metrics_key else None)
+    install_guards(app, settings)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def install_guards(app: FastAPI, settings: Settings) -> None:
+    """The exposure guards around the app, and CORS outside them (so that a refusal
+    still carries its CORS headers and a browser can read it); CORS only when origins
+    are configured."""
+    app.add_middleware(
+        Guards,
+        bind_host=settings.host,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+        max_body_bytes=settings.max_body_bytes,
+    )
+    if settings.allowed_origins:
+        app.add_middleware(
+            Cors,
+            allow_origins=[origin.strip().rstrip("/") for origin in settings.allowed_origins],
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )
 
 
 async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
@@ -137,16 +158,24 @@ async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
     await live.drain()
 
 
-def _warn_about_exposure(settings: Settings) -> None:
+class ExposureRefused(RuntimeError):
+    """The server must not start with these settings (see :func:`exposure_problem`)."""
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse a non-loopback bind without keys unless explicitly allowed; say what the
+    exposure is."""
+    problem = exposure_problem(
+        settings.host, has_keys=bool(settings.api_keys), allow_unauthenticated=settings.allow_unauthenticated
+    )
+    if problem is not None:
+        raise ExposureRefused(problem)
     if settings.api_keys:
         tenants = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys]).tenants
         log.info("API keys configured: %d key(s), %d tenant(s): %s", len(settings.api_keys), len(tenants),
                  ", ".join(tenants))
         return
     log.info("no API keys configured: serving one anonymous tenant")
-    try:
-        loopback = ipaddress.ip_address(settings.host).is_loopback
-    except ValueError:
-        loopback = settings.host == "localhost"
-    if not loopback:
-        log.warning("listening on %s without API keys: anyone who can reach it can use it", settings.host)
+    if not is_loopback(settings.host):
+        log.warning("listening on %s without API keys (ORS_ALLOW_UNAUTHENTICATED): anyone who can reach it "
+                    "can use it", settings.host)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from sse_starlette.sse import AppStatus
 
+from app.config import Settings
 from app.transport.drain import Drain
+
+
+def transport_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn options that come from the settings: the largest WebSocket message is the
+    largest request body (a bigger one closes the connection with 1009)."""
+    return {"ws_max_size": settings.max_body_bytes}
 
 
 class Server(uvicorn.Server):

@@ -21,7 +21,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.serve import Server
+from app.serve import Server, transport_options
 
 
 class LiveServer:
@@ -35,6 +35,7 @@ class LiveServer:
             log_level="warning",
             lifespan="on",
             timeout_graceful_shutdown=graceful_seconds,
+            **transport_options(app.state.settings),
         )
         self.server = Server(config, app.state.drain)
         self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)
@@ -80,7 +81,9 @@ def free_port() -> int:
 class ServerProcess:
     """``ors serve`` as a real child process (what a user runs)."""
 
-    def __init__(self, env: Mapping[str, str], data_dir: Path, *, port: int | None = None) -> None:
+    def __init__(self, env: Mapping[str, str], data_dir: Path, *, port: int | None = None,
+                 host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = port or free_port()
         self.env = {**os.environ, **env, "ORS_DATA_DIR": str(data_dir)}
         self.log_path = data_dir / f"server-{self.port}.log"
@@ -93,7 +96,7 @@ class ServerProcess:
     def start(self, timeout: float = 180) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
-        command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [sys.executable, "-m", "app.cli", "serve", "--host", self.host, "--port", str(self.port)]
         self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

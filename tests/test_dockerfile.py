@@ -28,3 +28,13 @@ def test_dockerfile_runs_unprivileged_with_healthcheck() -> None:
     assert "\nEXPOSE 8080" in runtime
     assert "\nHEALTHCHECK " in runtime and "/healthz" in runtime
     assert runtime.startswith("python:3.11-slim")
+
+
+def test_the_image_asks_for_keys() -> None:
+    """It listens on all interfaces: it must say how to set keys, and must not waive them."""
+    text = (ROOT / "Dockerfile").read_text()
+    runtime = text.split("\nFROM ")[-1]
+    assert "ORS_HOST=0.0.0.0" in runtime
+    assert "ORS_ALLOW_UNAUTHENTICATED=false" in runtime
+    header = text.split("\nFROM ")[0]
+    assert "-e ORS_API_KEYS=" in header and "Authorization: Bearer" in header

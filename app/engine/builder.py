@@ -468,7 +468,8 @@ class ResponseBuilder:
             status,
             output=list(self._output),
             usage=_usage(usage),
-            incomplete_details=IncompleteDetails(reason=reason),
+            # a cancelled response is not "incomplete": its details stay null, as OpenAI's do
+            incomplete_details=IncompleteDetails(reason=reason) if status == "incomplete" else None,
         )
         events.append(self._number(ResponseIncomplete(sequence_number=0, response=self._response)))
         return events

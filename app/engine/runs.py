@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from app.engine.turn import Emitted, Turn
-from app.errors import ServerError
+from app.errors import ORSError, ServerError
 
 log = logging.getLogger("ors.runs")
 
@@ -23,8 +23,19 @@ class LiveTurns:
         self._background: set[asyncio.Task[None]] = set()
 
     def get(self, tenant: str, response_id: str) -> Turn | None:
+        """The running turn, or ``None``: a turn whose outcome is final is the store's
+        (it may still be delivering its last events to a slow reader)."""
         turn = self._turns.get(response_id)
-        return turn if turn is not None and turn.tenant == tenant else None
+        return turn if turn is not None and turn.tenant == tenant and not turn.ended else None
+
+    def cancel(self, tenant: str, response_id: str) -> bool:
+        """Cancel the turn if it runs here (a cancel recorded by another replica, or by
+        this one through the store); whether it did."""
+        turn = self.get(tenant, response_id)
+        if turn is None:
+            return False
+        turn.cancel()
+        return True
 
     @contextlib.contextmanager
     def tracking(self, turn: Turn) -> Iterator[None]:
@@ -46,12 +57,20 @@ class LiveTurns:
 
     def start_background(self, turn: Turn, on_end: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run ``turn`` in a task of its own: it goes on whether or not anyone listens.
-        ``on_end`` is awaited when the run ends, however it ends."""
+        Whoever waits for it (:meth:`Turn.wait_started`, :meth:`Turn.wait_ended`) is
+        released however the task ends, even if it is cancelled before it ever runs.
+        ``on_end`` is awaited when the run ends, however it ends (a task cancelled before
+        it ever ran, at shutdown, does not call it)."""
 
         async def run() -> None:
             try:
                 with self.tracking(turn):
-                    await turn.run()
+                    try:
+                        await turn.run()
+                    except ORSError as error:
+                        log.info("background response %s did not start: %r", turn.id, error)
+                    except Exception:
+                        log.exception("background response %s did not start", turn.id)
             finally:
                 if on_end is not None:
                     await on_end()
@@ -59,6 +78,7 @@ class LiveTurns:
         task = asyncio.create_task(run(), name=f"background-{turn.id}")
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(lambda _: turn.abandon())
 
     async def drain(self) -> None:
         """End every background run with ``response.failed`` (shutting down), recorded."""

@@ -1,19 +1,40 @@
 """Running one response: backend → guards → builder → events.
 
 A :class:`Turn` is made by :meth:`app.engine.engine.Engine.prepare`, which has already
-done everything that can fail before a stream starts. :meth:`Turn.events` then drives the backend and yields :class:`Emitted` events, each
-serialized exactly once. Its contract:
+done everything that can fail before a stream starts. :meth:`Turn.events` then drives the
+backend and yields :class:`Emitted` events, each serialized exactly once. Its contract:
 
 * The first events are ``response.created`` and ``response.in_progress`` (a background
   response is ``queued`` first); the last is exactly one terminal event, whatever fails:
   a backend error becomes ``error`` + ``response.failed``; an unexpected exception
   becomes a ``server_error`` failure.
 * The backend stream is consumed by one pump task that hands deltas over a bounded
-  queue; :meth:`Turn.interrupt` (shutdown, connection cap) and :meth:`Turn.cancel` put
-  their request on the same queue, so they take effect at once, at no per-token cost.
+  queue (backpressure: a slow reader slows the pump, never the other way round).
+* Control (:meth:`Turn.cancel`, :meth:`Turn.interrupt` for shutdown and the connection
+  cap) never goes through that queue, so it can neither fail on a full queue nor wait
+  behind queued deltas. A signal is written to a one-slot control cell (the first signal
+  wins) and takes effect at once:
+
+  - the pump task is cancelled, which closes the backend stream: generation stops even
+    while nobody reads;
+  - the consumer reads the cell after every ``queue.get()`` and before its next one, so
+    the next event it makes is the end (``response.incomplete`` with status
+    ``cancelled``, or ``response.failed``), whatever is still queued;
+  - a consumer blocked in ``queue.get()`` (the queue is then empty) is woken by a wake
+    marker put on the queue; an empty queue always has room for it, and a queue that
+    holds anything does not block its consumer, so it is put only when there is room.
+
+  The per-delta cost is one attribute read: no extra task, future or ``wait`` per token.
+  A slow reader still sees the end only when it asks for its next event (an async
+  generator cannot be resumed by anyone else); a background turn is read by its own task.
 * Storage (``store: true``): the response and its input items are recorded before the
   first event is yielded, and its output and events when the terminal event is made.
   Nothing is written per delta.
+* The turn's :class:`TurnPhase` moves ``PREPARED`` → ``RUNNING`` → ``ENDED`` and never
+  back. ``ENDED`` means its outcome is final: the terminal event was made and recorded,
+  or the turn failed before its first event (:meth:`wait_started` then raises that
+  failure), or it was dropped before it ran. Waiters (:meth:`wait_started`,
+  :meth:`wait_ended`, :meth:`follow`) are woken by events, never by polling.
 * If the consumer stops iterating (client gone, task cancelled), the pump is cancelled,
   which closes the backend stream and stops generation; the response is closed
   ``incomplete`` (reason ``client_disconnected``) and that end is recorded.
@@ -23,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -46,6 +68,18 @@ log = logging.getLogger("ors.turn")
 
 _QUEUE_SIZE = 256
 _END = object()
+_WAKE = object()
+"""Put on an empty delta queue to wake a consumer blocked on it when a control signal
+arrives; it carries nothing (the signal is in the control cell)."""
+
+
+class TurnPhase(enum.Enum):
+    PREPARED = "prepared"
+    """Made by the engine; :meth:`Turn.events` has not begun."""
+    RUNNING = "running"
+    """Recording its start or producing events."""
+    ENDED = "ended"
+    """Its outcome is final (recorded), or it failed before its first event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +130,16 @@ class Turn:
             initial, error_events=error_events, seal_reasoning=seal_reasoning, logprobs=request.sampling.logprobs
         )
         self.error: ORSError | None = None
+        self.start_error: BaseException | None = None
+        """What ended the turn before its first event, if anything did."""
         self.emitted: list[Emitted] = []
-        self._grew = asyncio.Event()
+        self.phase = TurnPhase.PREPARED
+        self._changed = asyncio.Event()
+        """Set (and replaced) whenever an event is emitted or the turn ends."""
+        self._ended = asyncio.Event()
         self._queue: asyncio.Queue[object] | None = None
-        self._pending: object | None = None
+        self._pump_task: asyncio.Task[None] | None = None
+        self._control: _Cancelled | _Interrupted | None = None
         self._recorded_end = False
 
     @property
@@ -114,59 +154,117 @@ class Turn:
     def finished(self) -> bool:
         return self.builder.finished
 
+    @property
+    def ended(self) -> bool:
+        return self.phase is TurnPhase.ENDED
+
     # ------------------------------------------------------------ control
 
     def interrupt(self, error: ORSError) -> None:
         """End the turn early with ``error`` (shutdown, connection cap); the events then
-        end with ``response.failed``. Safe to call from any task on the loop."""
+        end with ``response.failed``. Safe to call from any task on the loop, any number
+        of times; never blocks, never raises."""
         self._signal(_Interrupted(error))
 
     def cancel(self) -> None:
-        """Stop at the client's request: the response ends ``cancelled``."""
+        """Stop at the client's request: the response ends ``cancelled``. Like
+        :meth:`interrupt`, it never blocks nor raises."""
         self._signal(_Cancelled())
 
-    def _signal(self, message: object) -> None:
-        if self.finished:
+    def _signal(self, message: _Cancelled | _Interrupted) -> None:
+        if self.finished or self.ended or self._control is not None:
             return
-        if self._queue is not None:
-            self._queue.put_nowait(message)
-        else:
-            self._pending = message
+        self._control = message
+        pump = self._pump_task
+        if pump is not None:
+            pump.cancel()
+        queue = self._queue
+        if queue is not None and not queue.full():
+            queue.put_nowait(_WAKE)
+
+    # ------------------------------------------------------------ waiting
+
+    async def wait_started(self) -> None:
+        """Until the first event exists. If the turn ended without one (its start could
+        not be recorded, or it was dropped before it ran), raise why, as an ORSError."""
+        while not self.emitted:
+            if self.ended:
+                error = self.start_error
+                if isinstance(error, ORSError):
+                    raise error
+                raise ServerError("The server could not start this response.")
+            await self._changed.wait()
+
+    async def wait_ended(self) -> None:
+        """Until the turn's outcome is final (see :class:`TurnPhase`)."""
+        await self._ended.wait()
+
+    def abandon(self) -> None:
+        """Mark a turn whose driver stopped as ended, if it is not already: a task
+        cancelled before it ever ran leaves nothing else to do it."""
+        self._mark_ended()
+
+    def _mark_ended(self) -> None:
+        if self.phase is TurnPhase.ENDED:
+            return
+        self.phase = TurnPhase.ENDED
+        self._ended.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     # ------------------------------------------------------------ driving
 
     async def events(self) -> AsyncIterator[Emitted]:
         builder = self.builder
-        await self._record_begin()
-        for event in builder.start():
-            yield self._emit(event)
-        if builder.status == "queued":
-            for event in builder.begin():
-                yield self._emit(event)
-            await self._record_status()
-        queue: asyncio.Queue[object] = asyncio.Queue(maxsize=_QUEUE_SIZE)
-        self._queue = queue
-        if self._pending is not None:
-            queue.put_nowait(self._pending)
-        pump = asyncio.create_task(self._pump(queue), name=f"backend-{self.id}")
+        self.phase = TurnPhase.RUNNING
+        began = False
+        pump: asyncio.Task[None] | None = None
         try:
+            await self._record_begin()
+            began = True
+            for event in builder.start():
+                yield self._emit(event)
+            if builder.status == "queued":
+                for event in builder.begin():
+                    yield self._emit(event)
+                await self._record_status()
+            queue: asyncio.Queue[object] = asyncio.Queue(maxsize=_QUEUE_SIZE)
+            self._queue = queue
+            if self._control is None:
+                pump = self._pump_task = asyncio.create_task(self._pump(queue), name=f"backend-{self.id}")
             while not builder.finished:
-                batch = [self._emit(event) for event in self._next_events(await queue.get())]
+                got = self._control
+                if got is None:
+                    got = await queue.get()
+                    # a signal that came while waiting wins over whatever was queued
+                    got = self._control or got
+                batch = [self._emit(event) for event in self._next_events(got)]
                 if builder.finished:
                     # durable before the client sees the end: a client may fetch or
                     # continue the response the moment it reads the terminal event
-                    await self._record_end()
+                    await self._settle()
                 for emitted in batch:
                     yield emitted
+        except BaseException as exc:
+            if not self.emitted and self.start_error is None:
+                self.start_error = exc
+            raise
         finally:
-            pump.cancel()
+            if pump is not None:
+                pump.cancel()
             with anyio.CancelScope(shield=True):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pump
-                if not builder.finished:
+                if pump is not None:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await pump
+                if began and not builder.finished:
                     for event in builder.stop("client_disconnected"):
                         self._emit(event)
-                await self._record_end()
+                if began:
+                    await self._settle()
+                self._mark_ended()
 
     def _next_events(self, got: object) -> list[StreamEvent]:
         builder = self.builder
@@ -175,6 +273,8 @@ class Turn:
                 return builder.cancel()
             if isinstance(got, _Interrupted):
                 raise got.error
+            if got is _WAKE:
+                return []
             if isinstance(got, BaseException):
                 raise got
             if got is _END:
@@ -208,8 +308,7 @@ class Turn:
     def _emit(self, event: StreamEvent) -> Emitted:
         emitted = Emitted(event.type, event.model_dump_json())
         self.emitted.append(emitted)
-        grew, self._grew = self._grew, asyncio.Event()
-        grew.set()
+        self._wake()
         return emitted
 
     async def run(self) -> ResponseResource:
@@ -221,16 +320,17 @@ class Turn:
 
     async def follow(self, starting_after: int | None = None) -> AsyncIterator[Emitted]:
         """The events so far (after sequence number ``starting_after``), then live ones
-        until the terminal event. For turns driven by another task (background)."""
+        until the terminal event, or until the turn ends without one. For turns driven
+        by another task (background)."""
         index = 0 if starting_after is None else starting_after + 1
         while True:
-            grew = self._grew
+            changed = self._changed
             while index < len(self.emitted):
                 yield self.emitted[index]
                 index += 1
-            if self.finished and index >= len(self.emitted):
+            if (self.finished or self.ended) and index >= len(self.emitted):
                 return
-            await grew.wait()
+            await changed.wait()
 
     # ------------------------------------------------------------ storage
 
@@ -258,6 +358,11 @@ class Turn:
         if self.store is not None:
             resource = self.builder.response
             await self.store.set_status(self.tenant, self.id, resource.status, resource.model_dump(mode="json"))
+
+    async def _settle(self) -> None:
+        """Record the end (once) and mark the turn ended."""
+        await self._record_end()
+        self._mark_ended()
 
     async def _record_end(self) -> None:
         if self.store is None or self._recorded_end or not self.builder.finished:

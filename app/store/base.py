@@ -18,7 +18,11 @@ Write discipline (what makes a crash harmless):
   in one transaction, when the terminal event is produced. Nothing is written per delta;
 * a process that dies in between leaves a row ``in_progress`` with no output items;
   :meth:`ResponseStore.recover` marks such rows ``failed`` (see its contract for how a
-  dead owner is told from a live replica).
+  dead owner is told from a live replica);
+* :meth:`ResponseStore.cancel` (a client's cancel, received by any replica) moves a row
+  that has not finished to ``cancelled`` in one transaction, and every process watching
+  (:meth:`ResponseStore.watch_cancels`) is told, so the one running it stops it; the
+  run's own ``finish`` then writes nothing (see :mod:`app.store.cancels`).
 
 Deleting hides a response from every read: it can no longer be fetched, listed or
 continued. Its items are kept while later responses of its chain still need them for
@@ -31,6 +35,7 @@ returned, counted or changed; to the caller it looks absent.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -129,6 +134,23 @@ class ResponseStore(abc.ABC):
         terminal, serialized events) in one transaction. Finishing twice raises
         :class:`StoreConflict`; finishing a response that was cancelled or deleted
         meanwhile leaves it as it is and writes nothing."""
+
+    @abc.abstractmethod
+    async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
+        """Record the client's cancel of a response that has not finished, wherever it
+        runs: its row becomes ``cancelled`` (the latest snapshot with ``status:
+        "cancelled"``), a later :meth:`finish` of its run writes nothing, and every
+        watcher (:meth:`watch_cancels`, in every process sharing the store) is told.
+        A response that already finished is returned unchanged; ``None`` if absent,
+        deleted, or another tenant's."""
+
+    @abc.abstractmethod
+    async def watch_cancels(self, callback: Callable[[str, str], object]) -> None:
+        """Call ``callback(tenant, response_id)`` on this event loop for every cancel
+        recorded from now on by any process sharing the store (this one included),
+        until :meth:`close`. Notices lost while the store could not listen are replayed
+        for the responses this instance owns. Ids the caller does not run are its to
+        ignore."""
 
     @abc.abstractmethod
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:

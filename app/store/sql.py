@@ -19,6 +19,10 @@ deleted ancestors and removes the items of every one that has no visible descend
 left. So deleting the last turn of a conversation frees its items at once; deleting a
 middle turn keeps its items until the turns after it are deleted too.
 
+Cancels. :meth:`SqlResponseStore.cancel` marks the row ``cancelled`` and, on PostgreSQL,
+sends ``pg_notify`` in the same transaction; see :mod:`app.store.cancels` for how the
+notice reaches the replica that runs the response.
+
 Recovery. See :mod:`app.store.liveness` for how a dead owner is told from a live one.
 Rows of dead owners left ``queued``/``in_progress`` become ``failed``; their
 ``resource`` keeps every field, with ``status: "failed"`` and ``error: {code:
@@ -51,6 +55,13 @@ from app.store.base import (
     ResponseStore,
     StoreConflict,
     StoredResponse,
+)
+from app.store.cancels import (
+    CHANNEL,
+    CancelNotices,
+    LocalCancelNotices,
+    PostgresCancelNotices,
+    encode_notice,
 )
 from app.store.codec import pack_events, unpack_events
 from app.store.engines import create_engine, is_sqlite, normalize_url, reader, sqlite_path, writer
@@ -91,6 +102,7 @@ class SqlResponseStore(ResponseStore):
         self._writer: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
         self._liveness: Liveness | None = None
+        self._notices: CancelNotices | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
         self._writes: set[asyncio.Future[Any]] = set()
@@ -119,10 +131,13 @@ class SqlResponseStore(ResponseStore):
                 self._liveness = SingleProcessLiveness(sqlite_path(self.url))
                 await self._liveness.start()
                 await upgrade(engine, self._positional_tenants)
+                self._notices = LocalCancelNotices()
             else:
                 await upgrade(engine, self._positional_tenants)
                 self._liveness = AdvisoryLockLiveness(engine, self.instance_id)
                 await self._liveness.start()
+                dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+                self._notices = PostgresCancelNotices(dsn, self._missed_cancels)
             await self.recover()
             if self._liveness.periodic and self.recover_interval > 0:
                 self._recovery_task = asyncio.create_task(self._recover_periodically())
@@ -140,6 +155,9 @@ class SqlResponseStore(ResponseStore):
                 await task
         if self._writes:
             await asyncio.wait(list(self._writes))
+        notices, self._notices = self._notices, None
+        if notices is not None:
+            await notices.close()
         liveness, self._liveness = self._liveness, None
         engine, self._engine = self._engine, None
         self._writer = self._reader = None
@@ -157,6 +175,8 @@ class SqlResponseStore(ResponseStore):
                 async with self._recover_lock:
                     if self._liveness is not None:
                         await self._liveness.heartbeat()
+                if self._notices is not None:
+                    await self._notices.heartbeat()
                 await self.recover()
             except Exception:
                 log.exception("Periodic recovery of the response store failed; retrying later.")
@@ -247,6 +267,53 @@ class SqlResponseStore(ResponseStore):
 
         await self._write(work)
 
+    async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
+        postgres = not self.is_sqlite
+
+        async def work(connection: AsyncConnection) -> tuple[StoredResponse | None, bool]:
+            row = (
+                await connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
+            ).first()
+            if row is None:
+                return None, False
+            if row.status in TERMINAL:
+                return _stored(row), False
+            resource = cancelled_resource(row.resource)
+            now = _now_ms()
+            await connection.execute(
+                update(responses)
+                .where(responses.c.id == response_id)
+                .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
+            )
+            if postgres:
+                # sent at commit, and only if the cancel commits
+                await connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
+            return _stored(row, status="cancelled", resource=resource), True
+
+        stored, cancelled = await self._write(work)
+        if cancelled and self._notices is not None:
+            self._notices.recorded(tenant, response_id)
+        return stored
+
+    async def watch_cancels(self, callback: Callable[[str, str], object]) -> None:
+        if self._notices is None:
+            raise RuntimeError("the store is not open")
+        await self._notices.watch(callback)
+
+    async def _missed_cancels(self, since_ms: int) -> list[tuple[str, str]]:
+        """This instance's responses cancelled since ``since_ms`` (a lost listener's replay)."""
+        async with self._read() as connection:
+            rows = (
+                await connection.execute(
+                    select(responses.c.tenant, responses.c.id).where(
+                        responses.c.owner == self.instance_id,
+                        responses.c.status == "cancelled",
+                        responses.c.updated_at >= since_ms,
+                    )
+                )
+            ).all()
+        return [(row.tenant, row.id) for row in rows]
+
     async def delete(self, tenant: str, response_id: str) -> bool:
         async def work(connection: AsyncConnection) -> bool:
             path = await _ancestry(connection, tenant, response_id, visible_start=True)
@@ -325,36 +392,8 @@ class SqlResponseStore(ResponseStore):
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         async with self._read() as connection:
-            row = (
-                await connection.execute(
-                    select(
-                        responses.c.id,
-                        responses.c.tenant,
-                        responses.c.status,
-                        responses.c.created_at,
-                        responses.c.model,
-                        responses.c.previous_response_id,
-                        responses.c.instructions,
-                        responses.c.tools,
-                        responses.c.resource,
-                        responses.c.background,
-                    ).where(_visible(tenant, response_id))
-                )
-            ).first()
-        if row is None:
-            return None
-        return StoredResponse(
-            id=row.id,
-            tenant=row.tenant,
-            status=row.status,
-            created_at=row.created_at,
-            model=row.model,
-            previous_response_id=row.previous_response_id,
-            instructions=row.instructions,
-            tools=row.tools,
-            resource=row.resource,
-            background=bool(row.background),
-        )
+            row = (await connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)))).first()
+        return None if row is None else _stored(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
         """Two statements whatever the depth: the links (a recursive CTE up
@@ -426,6 +465,34 @@ class SqlResponseStore(ResponseStore):
 
 
 # -- statements ------------------------------------------------------------------------
+
+_STORED_COLUMNS = (
+    responses.c.id,
+    responses.c.tenant,
+    responses.c.status,
+    responses.c.created_at,
+    responses.c.model,
+    responses.c.previous_response_id,
+    responses.c.instructions,
+    responses.c.tools,
+    responses.c.resource,
+    responses.c.background,
+)
+
+
+def _stored(row: Row[Any], *, status: str | None = None, resource: JSON | None = None) -> StoredResponse:
+    return StoredResponse(
+        id=row.id,
+        tenant=row.tenant,
+        status=status or row.status,
+        created_at=row.created_at,
+        model=row.model,
+        previous_response_id=row.previous_response_id,
+        instructions=row.instructions,
+        tools=row.tools,
+        resource=resource if resource is not None else row.resource,
+        background=bool(row.background),
+    )
 
 
 def _now_ms() -> int:
@@ -579,3 +646,9 @@ def failed_resource(resource: JSON) -> JSON:
         "error": {"code": RESTARTED_CODE, "message": RESTARTED_MESSAGE},
     }
 
+
+
+def cancelled_resource(resource: JSON) -> JSON:
+    """The snapshot of a response cancelled by a client where it is not running: the
+    latest snapshot, with ``status: "cancelled"`` (not ``incomplete``: no details)."""
+    return {**resource, "status": "cancelled", "incomplete_details": None}

@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import InvalidRequest, NotFound, ORSError, ServerError, TooManyRequests
+from app.errors import InvalidRequest, NotFound, ORSError, PayloadTooLarge, ServerError, TooManyRequests
 
 log = logging.getLogger("ors.http")
 
@@ -47,8 +47,7 @@ def install_error_handlers(app: FastAPI) -> None:
             )
             return JSONResponse(error.body(), status_code=405)
         elif exc.status_code == 413:
-            error = InvalidRequest("The request body is too large.", code="request_too_large")
-            return JSONResponse(error.body(), status_code=413)
+            error = PayloadTooLarge("The request body is too large.")
         elif exc.status_code < 500:
             error = InvalidRequest(str(exc.detail))
             return JSONResponse(error.body(), status_code=exc.status_code)

@@ -100,9 +100,11 @@ async def create_response(
     drain = request.app.state.drain
     if body.background:
         live.start_background(turn, on_end=lease.release)
+        # its first event exists once its start is recorded; a start that fails is a
+        # plain HTTP error, as for any request
+        await turn.wait_started()
         if body.stream:
             return stream_emitted(turn.follow())
-        await _until(lambda: bool(turn.emitted))
         return _json(turn.response)
     if body.stream:
         return stream_turn(turn, drain, live, on_end=lease.release)
@@ -148,8 +150,7 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
     running = live.get(tenant, response_id)
     if running is not None:
         running.cancel()
-        await _until(lambda: running.finished)
-        await _until(lambda: live.get(tenant, response_id) is None)
+        await running.wait_ended()
     if not await _store(engine).delete(tenant, response_id):
         raise _not_found(response_id)
     return Response(_dumps({"id": response_id, "object": "response.deleted", "deleted": True}),
@@ -158,22 +159,32 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
 
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
-    """Cancel a background response; a finished one is returned unchanged."""
+    """Cancel a background response, wherever it runs; a finished one is returned
+    unchanged. Running here, the turn is stopped and its own end (with the output made so
+    far) is the answer; running on another replica (or nowhere any more), the cancel is
+    recorded in the store, which tells the replica that runs it (``app.store.cancels``)."""
     running = live.get(tenant, response_id)
     if running is not None:
         if not running.body.background:
-            raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
-                                 param="response_id")
+            raise _not_background()
         running.cancel()
-        await _until(lambda: running.finished)
+        await running.wait_ended()
         return _json(running.response)
-    stored = await _store(engine).get(tenant, response_id)
+    store = _store(engine)
+    stored = await store.get(tenant, response_id)
     if stored is None:
         raise _not_found(response_id)
     if not stored.background:
-        raise InvalidRequest("Only background responses can be cancelled.", code="not_background",
-                             param="response_id")
+        raise _not_background()
+    if stored.status in ("queued", "in_progress"):
+        stored = await store.cancel(tenant, response_id)
+        if stored is None:  # deleted meanwhile
+            raise _not_found(response_id)
     return Response(_dumps(stored.resource), media_type="application/json")
+
+
+def _not_background() -> InvalidRequest:
+    return InvalidRequest("Only background responses can be cancelled.", code="not_background", param="response_id")
 
 
 @router.get("/v1/responses/{response_id}/input_items")
@@ -225,11 +236,6 @@ def _dumps(value: Any) -> str:
 
 def _json(response: ResponseResource) -> Response:
     return Response(response.model_dump_json(), media_type="application/json")
-
-
-async def _until(condition: Any, interval: float = 0.01) -> None:
-    while not condition():
-        await asyncio.sleep(interval)
 
 
 async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource:

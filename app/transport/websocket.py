@@ -11,6 +11,13 @@ server answers with the same event objects as SSE, one JSON object per frame, an
   its turn comes, and holds a place among the tenant's responses in flight while its
   response runs. A refusal is an error envelope (status 429, code
   ``rate_limit_exceeded``); nothing else happens to the connection, which stays open.
+* **A bounded queue.** At most ``ORS_WS_MAX_QUEUED_FRAMES`` frames wait behind the running
+  turn. A frame beyond that is dropped (its text is not kept) and answered at once with
+  an error envelope: status 429, code ``too_many_queued_frames``, param ``type``; the
+  connection stays open. At once rather than in its turn, so that a client flooding the
+  connection learns it while the turns ahead still run (a client that waits for each
+  turn's end, as the spec expects, never sees it). Each message is at most
+  ``ORS_MAX_BODY_BYTES`` (the server closes the connection with 1009 on a bigger one).
 * **Connection-local state.** The latest response of the connection is kept in memory
   (its whole history), so a ``store: false`` response can be continued on the same
   socket; stored ids are loaded from the store. A continuation that fails (any 4xx or
@@ -44,7 +51,7 @@ from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Turn
 from app.engine.validation import decode_json
-from app.errors import InvalidRequest, ORSError, ServerError
+from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import error_response
@@ -91,7 +98,7 @@ class ConnectionHistory(HistorySource):
 
 class Connection:
     def __init__(self, socket: WebSocket, engine: Engine, tenant: str, live: LiveTurns, drain: Drain,
-                 max_seconds: float, limiter: RateLimiter) -> None:
+                 max_seconds: float, max_queued: int, limiter: RateLimiter) -> None:
         self.socket = socket
         self.limiter = limiter
         self.engine = engine
@@ -101,7 +108,12 @@ class Connection:
         self.max_seconds = max_seconds
         fallback = StoredHistory(engine.store, tenant) if engine.store is not None else NoHistory()
         self.history = ConnectionHistory(fallback)
+        self.max_queued = max_queued
         self.frames: asyncio.Queue[str | None] = asyncio.Queue()
+        self.waiting = 0
+        """Frames in the queue."""
+        self.busy = False
+        """Whether the worker is handling a frame."""
         self.current: Turn | None = None
         self.closing: ORSError | None = None
 
@@ -129,10 +141,15 @@ class Connection:
                 message = await self.socket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                if self.waiting + self.busy > self.max_queued:
+                    # this frame would wait behind the running one and max_queued others
+                    await self._send(self._queue_full().websocket_envelope())
+                    continue
                 text = message.get("text")
                 if text is None and message.get("bytes") is not None:
                     text = message["bytes"].decode("utf-8", errors="replace")
-                await self.frames.put(text)
+                self.waiting += 1
+                self.frames.put_nowait(text)
         except WebSocketDisconnect:
             return
 
@@ -170,11 +187,22 @@ class Connection:
     async def _work(self) -> None:
         while True:
             frame = await self.frames.get()
-            if frame is None:
-                return
-            await self._turn(frame)
+            self.waiting -= 1
+            self.busy = True
+            try:
+                await self._turn(frame)
+            finally:
+                self.busy = False
             if self.closing is not None:
                 return
+
+    def _queue_full(self) -> ORSError:
+        return TooManyRequests(
+            f"Too many response.create frames are waiting on this connection (at most {self.max_queued} "
+            "behind the running one); this one was dropped. Wait for a turn to end, or open another connection.",
+            code="too_many_queued_frames",
+            param="type",
+        )
 
     async def _turn(self, frame: str) -> None:
         try:
@@ -261,8 +289,9 @@ async def responses_socket(socket: WebSocket) -> None:
         await socket.send_denial_response(error_response(error))
         return
     await socket.accept()
+    settings = state.settings
     connection = Connection(
-        socket, state.engine, tenant, state.live, state.drain, state.settings.ws_max_connection_seconds,
-        state.limiter,
+        socket, state.engine, tenant, state.live, state.drain, settings.ws_max_connection_seconds,
+        settings.ws_max_queued_frames, state.limiter,
     )
     await connection.serve()

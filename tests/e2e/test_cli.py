@@ -14,7 +14,8 @@ import pytest
 
 from tests.client import Client
 from tests.conftest import SMOL
-from tests.live import ServerProcess
+from tests.live import ServerProcess, free_port
+from tests.upstream_server import chunk, running_scripted_upstream
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +122,35 @@ def test_a_stopped_ors_stops_its_model_server(tmp_path: Path) -> None:
     assert server.terminate() in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after its shutdown
     assert children and not any(_alive(child) for child in children)
     assert (tmp_path / "kv" / SMOL).is_dir()  # where its slots are saved
+
+
+def _without_keys() -> dict[str, str]:
+    import os
+
+    return {key: value for key, value in os.environ.items()
+            if key not in ("ORS_API_KEYS", "ORS_ALLOW_UNAUTHENTICATED", "ORS_HOST")}
+
+
+def test_refuses_to_listen_on_all_interfaces_without_keys(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "app.cli", "serve", "--host", "0.0.0.0", "--port", str(free_port())]
+    result = subprocess.run(command, env={**_without_keys(), "ORS_DATA_DIR": str(tmp_path)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Refusing to listen on 0.0.0.0 without API keys" in result.stderr
+    assert "ORS_API_KEYS" in result.stderr and "ORS_ALLOW_UNAUTHENTICATED=true" in result.stderr
+    assert not (tmp_path / "ors.db").exists()  # refused before anything was opened
+
+
+def test_listens_on_all_interfaces_when_explicitly_allowed(tmp_path: Path) -> None:
+    """With the override (and a model served by an upstream, so no local model loads)."""
+    with running_scripted_upstream() as upstream:
+        model = upstream.stream(chunk(content="Hi"), chunk(finish_reason="stop"), "data: [DONE]\n\n")
+        env = {**_without_keys(), "ORS_ALLOW_UNAUTHENTICATED": "true", "ORS_UPSTREAM_URL": upstream.base_url,
+               "ORS_DEFAULT_MODEL": model}
+        server = ServerProcess(env, tmp_path, host="0.0.0.0").start()
+        try:
+            response = Client(server.url).create(input="Hello!")
+            assert response["status"] == "completed" and response["model"] == model
+        finally:
+            assert server.terminate() in (0, -signal.SIGTERM)
+    assert "listening on 0.0.0.0 without API keys" in server.log()

@@ -1,4 +1,4 @@
-"""Bearer keys and what the server says about its exposure at start."""
+"""Bearer keys, and what the server says (or refuses) about its exposure at start."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from app.config import Settings
 from app.errors import Unauthorized
-from app.main import _warn_about_exposure
+from app.main import ExposureRefused, check_exposure
 from app.transport.auth import ANONYMOUS, TENANT_DOMAIN, KeyAuthenticator, derived_tenant, parse_key
 
 
@@ -99,14 +99,16 @@ def test_a_key_named_anonymous_keeps_the_anonymous_tenant() -> None:
     assert KeyAuthenticator(["anonymous:s"]).tenant("Bearer s") == ANONYMOUS
 
 
-def test_exposure_warnings(caplog: pytest.LogCaptureFixture) -> None:
+def test_exposure_is_refused_or_logged(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="ors")
-    _warn_about_exposure(Settings(host="127.0.0.1"))
+    check_exposure(Settings(host="127.0.0.1"))
     assert "anonymous tenant" in caplog.text and "anyone who can reach it" not in caplog.text
     caplog.clear()
-    _warn_about_exposure(Settings(host="0.0.0.0"))
+    with pytest.raises(ExposureRefused, match="ORS_API_KEYS"):
+        check_exposure(Settings(host="0.0.0.0"))
+    check_exposure(Settings(host="0.0.0.0", allow_unauthenticated=True))
     assert "anyone who can reach it" in caplog.text
     caplog.clear()
-    _warn_about_exposure(Settings(host="0.0.0.0", api_keys=["alice:k1", "alice:k2", "bob:k3"]))
+    check_exposure(Settings(host="0.0.0.0", api_keys=["alice:k1", "alice:k2", "bob:k3"]))
     assert "anyone" not in caplog.text and "3 key(s), 2 tenant(s): alice, bob" in caplog.text
     assert "k1" not in caplog.text

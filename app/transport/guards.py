@@ -1,0 +1,253 @@
+"""Exposure guards: what every HTTP request and WebSocket upgrade must pass before the
+app sees it, as one pure-ASGI middleware, plus the start-up check on the bind address.
+
+In order, each refusal an :mod:`app.errors` error rendered by
+:func:`app.transport.errors.error_response` (the spec's error object):
+
+1. **Host** (only when the server is bound to a loopback address): the ``Host`` header
+   must name ``localhost``, ``127.0.0.1`` or ``[::1]`` (any port), or a name in
+   ``ORS_ALLOWED_HOSTS``; otherwise 403 ``host_not_allowed``. A web page whose domain
+   was re-pointed at 127.0.0.1 (DNS rebinding) sends its own domain as the Host, so it
+   cannot reach a server on the user's machine. 403 rather than 421: the request is
+   refused by policy, and 421 invites clients to retry on another connection. A request
+   without a Host header (HTTP/1.0) cannot come from a browser and passes.
+2. **Origin** of a WebSocket upgrade: an upgrade that carries an ``Origin`` header (a
+   browser) must name an origin of ``ORS_ALLOWED_ORIGINS``; otherwise it is refused
+   before the handshake completes, 403 ``origin_not_allowed``. An upgrade without one
+   (SDKs, command-line clients) passes: only browsers send it, and only browsers can be
+   made to connect by a page of another site.
+3. **Content-Type** of a ``POST``: ``application/json``, optionally with ``charset=utf-8``;
+   otherwise 415 ``unsupported_media_type`` (``param`` null). Browsers send a JSON type
+   cross-site only after a CORS preflight, so a form or ``text/plain`` post from another
+   site never runs a generation. A ``POST`` without a body and without a Content-Type
+   (``curl -X POST …/cancel``) passes: there is nothing to parse, and the one such
+   endpoint acts on a response id that another site cannot know.
+4. **Body size**: a ``Content-Length`` above ``ORS_MAX_BODY_BYTES`` is refused before a
+   byte is read; a chunked body is counted as the app reads it and refused (the read
+   raises) as soon as it passes the limit, so no more than the limit is ever handed on.
+   413 ``request_too_large``. WebSocket messages are bounded by the server itself
+   (uvicorn's ``ws_max_size``, set to the same limit by :mod:`app.serve`).
+
+Cost on the hot path: one pass over the header list and a few byte comparisons; the
+receive channel is wrapped only for a chunked body.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket
+
+from app.errors import Forbidden, ORSError, PayloadTooLarge, UnsupportedMediaType
+from app.transport.errors import error_response
+
+LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
+_JSON = b"application/json"
+_UTF8 = frozenset({b"utf-8", b"utf8"})
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on a loopback interface only."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(host: str, *, has_keys: bool, allow_unauthenticated: bool) -> str | None:
+    """Why the server must not start on ``host``, or ``None``: a non-loopback address
+    without API keys serves anyone who can reach it, unless that is explicitly allowed."""
+    if has_keys or allow_unauthenticated or is_loopback(host):
+        return None
+    return (
+        f"Refusing to listen on {host} without API keys: anyone who can reach this address could use "
+        "the server. Set ORS_API_KEYS to one or more comma-separated keys (clients then send "
+        "'Authorization: Bearer <key>'), or listen on a loopback address (ORS_HOST=127.0.0.1), or set "
+        "ORS_ALLOW_UNAUTHENTICATED=true to serve without keys anyway."
+    )
+
+
+def _origin(value: str) -> bytes:
+    return value.strip().rstrip("/").lower().encode("latin-1")
+
+
+class Guards:
+    """The middleware. ``bind_host`` is the address the server listens on (the Host
+    check applies only to loopback binds); ``allowed_origins`` may hold ``*``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        bind_host: str,
+        allowed_hosts: Iterable[str],
+        allowed_origins: Iterable[str],
+        max_body_bytes: int,
+    ) -> None:
+        self.app = app
+        self.check_host = is_loopback(bind_host)
+        self.hosts = LOOPBACK_NAMES | {name.strip().lower().encode("idna") for name in allowed_hosts if name.strip()}
+        origins = {_origin(origin) for origin in allowed_origins if origin.strip()}
+        self.any_origin = b"*" in origins
+        self.origins = frozenset(origins)
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = content_type = length = None
+        chunked = False
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = True
+        error = self._host_error(host)
+        if error is None and scope["method"] == "POST" and (
+            content_type is not None or chunked or (length is not None and length != b"0")
+        ):
+            error = _content_type_error(content_type)
+        if error is None and length is not None and _declared(length) > self.max_body_bytes:
+            error = self._too_large()
+        if error is not None:
+            await error_response(error)(scope, receive, send)
+            return
+        if not chunked or length is not None:
+            # a Content-Length body cannot grow past its declared length (the server
+            # enforces it), so only a chunked body needs counting
+            await self.app(scope, receive, send)
+            return
+        await self._counted(scope, receive, send)
+
+    async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.max_body_bytes
+        received = 0
+        started = False
+
+        async def counting_receive() -> Any:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise self._too_large()
+            return message
+
+        async def watching_send(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, watching_send)
+        except PayloadTooLarge as error:
+            if started:
+                raise
+            await error_response(error)(scope, receive, send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        host = origin = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+        error = self._host_error(host)
+        if error is None and origin is not None and not self._origin_allowed(origin):
+            error = Forbidden(
+                f"WebSocket connections from origin {origin.decode('latin-1')!r} are not allowed "
+                "(ORS_ALLOWED_ORIGINS lists the allowed ones).",
+                code="origin_not_allowed",
+            )
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        await _deny(WebSocket(scope, receive, send), error)
+
+    def _host_error(self, host: bytes | None) -> ORSError | None:
+        if not self.check_host or host is None:
+            return None
+        if host.startswith(b"["):
+            name = host[: host.find(b"]") + 1]
+        else:
+            name = host.partition(b":")[0]
+        if name.lower() in self.hosts:
+            return None
+        return Forbidden(
+            f"Host {host.decode('latin-1')!r} is not served here: this server listens on a loopback address "
+            "and answers to localhost, 127.0.0.1 and [::1] (ORS_ALLOWED_HOSTS adds names).",
+            code="host_not_allowed",
+        )
+
+    def _origin_allowed(self, origin: bytes) -> bool:
+        return self.any_origin or origin.rstrip(b"/").lower() in self.origins
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(f"The request body is larger than {self.max_body_bytes} bytes (ORS_MAX_BODY_BYTES).")
+
+
+def _declared(length: bytes) -> int:
+    """The Content-Length (the server has already refused a malformed one)."""
+    try:
+        return int(length)
+    except ValueError:
+        return 0
+
+
+def _content_type_error(content_type: bytes | None) -> ORSError | None:
+    if content_type is not None:
+        media, _, parameters = content_type.partition(b";")
+        if media.strip().lower() == _JSON and _utf8_or_unset(parameters):
+            return None
+    shown = content_type.decode("latin-1") if content_type is not None else "none"
+    return UnsupportedMediaType(
+        f"Request bodies must be sent as 'Content-Type: application/json' (got {shown})."
+    )
+
+
+def _utf8_or_unset(parameters: bytes) -> bool:
+    for parameter in parameters.split(b";") if parameters else ():
+        name, _, value = parameter.partition(b"=")
+        if name.strip().lower() == b"charset" and value.strip().strip(b'"').lower() not in _UTF8:
+            return False
+    return True
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS, except that a refused preflight is the spec's error object
+    (403 ``cors_not_allowed``) rather than plain text."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code < 400:
+            return response
+        detail = bytes(response.body).decode("utf-8", "replace")
+        return error_response(Forbidden(f"CORS preflight refused: {detail}.", code="cors_not_allowed"))
+
+
+async def _deny(socket: WebSocket, error: ORSError) -> None:
+    """Refuse an upgrade before it is accepted: the error object as an HTTP response when
+    the server can send one, else a close before the handshake (which is a 403)."""
+    if "websocket.http.response" in socket.scope.get("extensions", {}):
+        await socket.send_denial_response(error_response(error))
+    else:
+        await socket.close(code=1008)

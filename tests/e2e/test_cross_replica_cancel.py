@@ -1,0 +1,111 @@
+"""A cancel sent to one replica stops the response another replica generates: two real
+``ors serve`` processes on 127.0.0.1 sharing one real PostgreSQL database, the model a
+slow scripted upstream both of them reach."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from compliance import SSEParser, StreamChecker, check_response
+from tests.live import ServerProcess
+from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ScriptedUpstream]:
+    with running_scripted_upstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
+def replicas(postgres_url: str, upstream: ScriptedUpstream,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    env = {"ORS_DATABASE_URL": postgres_url, "ORS_UPSTREAM_URL": upstream.base_url,
+           "ORS_DEFAULT_MODEL": "any-upstream-model"}
+    first = ServerProcess(env, tmp_path_factory.mktemp("replica-1")).start()
+    try:
+        second = ServerProcess(env, tmp_path_factory.mktemp("replica-2")).start()
+    except BaseException:
+        first.kill()
+        raise
+    yield first, second
+    for replica in (first, second):
+        replica.terminate()
+
+
+def _slow(upstream: ScriptedUpstream) -> str:
+    """A model that writes for minutes unless stopped."""
+    steps: list[Any] = []
+    for _ in range(3000):
+        steps += [chunk(content="tick "), Pause(0.05)]
+    return upstream.stream(*steps, chunk(finish_reason="stop"), DONE)
+
+
+def _until(condition: Any, timeout: float = 60) -> bool:  # a bound, not a measurement
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_cancel_sent_to_another_replica_stops_the_stream(
+    replicas: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    generating, other = replicas
+    model = _slow(upstream)
+    parser = SSEParser(require_done=True)
+    checker = StreamChecker(transport="sse")
+    events: list[dict[str, Any]] = []
+    cancelled: dict[str, Any] | None = None
+    body = {"model": model, "input": "Count.", "background": True, "stream": True}
+    with httpx.stream("POST", f"{generating.url}/v1/responses", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        for data in reply.iter_raw():
+            for event in parser.feed(data):
+                checker.feed(event)
+                events.append(event)
+                if event["type"] == "response.output_text.delta" and cancelled is None:
+                    response_id = events[0]["response"]["id"]
+                    answer = httpx.post(f"{other.url}/v1/responses/{response_id}/cancel", headers=JSON, timeout=30)
+                    assert answer.status_code == 200, answer.text
+                    cancelled = check_response(answer.json())
+                    assert cancelled["status"] == "cancelled"
+    parser.close()
+    final = checker.finish()
+    assert final["status"] == "cancelled"
+    assert events[-1]["type"] == "response.incomplete"
+    assert _until(lambda: model in upstream.disconnected), "replica 1 kept generating"
+    for replica in (generating, other):
+        stored = httpx.get(f"{replica.url}/v1/responses/{final['id']}", timeout=30)
+        assert check_response(stored.json())["status"] == "cancelled"
+
+
+def test_a_background_response_cancelled_elsewhere_is_cancelled_everywhere(
+    replicas: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    generating, other = replicas
+    model = _slow(upstream)
+    created = httpx.post(f"{generating.url}/v1/responses", json={"model": model, "input": "x", "background": True},
+                         timeout=30)
+    response_id = check_response(created.json())["id"]
+    assert _until(lambda: upstream.requests_for(model)), "the run did not reach the model"
+    answer = httpx.post(f"{other.url}/v1/responses/{response_id}/cancel", headers=JSON, timeout=30)
+    assert check_response(answer.json())["status"] == "cancelled"
+    assert _until(lambda: model in upstream.disconnected), "replica 1 kept generating"
+    again = httpx.post(f"{generating.url}/v1/responses/{response_id}/cancel", headers=JSON, timeout=30)
+    assert check_response(again.json())["status"] == "cancelled"
+
+
+def test_the_log_of_each_replica_is_clean(replicas: tuple[ServerProcess, ServerProcess]) -> None:
+    for replica in replicas:
+        assert "Traceback" not in replica.log()
+

@@ -1,0 +1,212 @@
+"""The control path of a turn: cancel, interrupt and the end of a background run.
+
+Control never goes through the delta queue: it works with the queue full and a reader
+that has stopped reading, it takes effect before anything still queued, and generation
+stops at once. A background run that cannot start releases whoever waits for it.
+Every stream is checked by the stream checker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.backends.scripted import Script, ScriptedBackend, text_script
+from app.engine.engine import Engine
+from app.engine.history import History, HistorySource, NoHistory
+from app.engine.models import ModelRouter
+from app.engine.runs import LiveTurns
+from app.engine.turn import Emitted, Turn, TurnPhase
+from app.errors import PreviousResponseNotFound, ServerError
+from app.store.engines import sqlite_url
+from app.store.sql import SqlResponseStore
+from compliance import check_stream
+
+pytestmark = pytest.mark.anyio
+
+MANY = 2000
+"""Far more deltas than the queue holds (256)."""
+
+
+class _Fixed(HistorySource):
+    """A chain that was loaded before the store changed under it."""
+
+    async def load(self, response_id: str) -> History:
+        return History()
+
+
+def _backend() -> ScriptedBackend:
+    return ScriptedBackend(
+        {
+            "fast": text_script(*["tok "] * MANY),
+            "slow": Script(text_script(*["tick "] * 400), delay=0.05),
+        }
+    )
+
+
+async def _turn(backend: ScriptedBackend, model: str = "fast", store: SqlResponseStore | None = None,
+                history: HistorySource | None = None, **body: Any) -> Turn:
+    engine = Engine(ModelRouter([backend], model), store=store)
+    return await engine.prepare({"model": model, "input": "x", **body}, tenant="t",
+                                history=history or NoHistory())
+
+
+def _decoded(emitted: list[Emitted]) -> list[dict[str, Any]]:
+    return [json.loads(item.data) for item in emitted]
+
+
+async def _read_until_first_delta(events: AsyncIterator[Emitted]) -> list[Emitted]:
+    seen: list[Emitted] = []
+    async for emitted in events:
+        seen.append(emitted)
+        if emitted.type == "response.output_text.delta":
+            return seen
+    raise AssertionError("the stream ended before any delta")
+
+
+async def _until_queue_full(turn: Turn) -> None:
+    """The pump fills the queue while nobody reads (a bounded number of loop steps)."""
+    while turn._queue is None or not turn._queue.full():
+        await asyncio.sleep(0)
+
+
+async def _stopped_reader(turn: Turn, signal: Any) -> tuple[list[Emitted], list[Emitted]]:
+    """Read up to the first delta, stop reading until the queue is full, send the signal,
+    check generation stopped while nobody read, then read the rest."""
+    events = turn.events()
+    before = await _read_until_first_delta(events)
+    await _until_queue_full(turn)
+    signal()  # must neither raise QueueFull nor block
+    pump = turn._pump_task
+    assert pump is not None
+    await asyncio.wait({pump})  # generation stopped though the reader has not read again
+    after = [emitted async for emitted in events]
+    return before, after
+
+
+async def test_cancel_with_a_full_queue_and_a_stopped_reader() -> None:
+    backend = _backend()
+    turn = await _turn(backend)
+    before, after = await _stopped_reader(turn, turn.cancel)
+    assert len(backend.cancelled) == 1, "the backend stream was not closed"
+    types = [emitted.type for emitted in after]
+    assert "response.output_text.delta" not in types, "queued deltas were delivered after the cancel"
+    assert types[-1] == "response.incomplete"
+    final = check_stream(_decoded(before + after), expect_done=False)
+    assert final["status"] == "cancelled"
+    assert final["output"][0]["content"][0]["text"] == "tok "
+    assert turn.ended
+
+
+async def test_interrupt_with_a_full_queue_and_a_stopped_reader() -> None:
+    backend = _backend()
+    turn = await _turn(backend)
+    error = ServerError("The server is shutting down.", code="server_shutting_down")
+    before, after = await _stopped_reader(turn, lambda: turn.interrupt(error))
+    assert len(backend.cancelled) == 1
+    assert [emitted.type for emitted in after] == ["error", "response.failed"]
+    final = check_stream(_decoded(before + after), expect_done=False)
+    assert final["status"] == "failed" and final["error"]["code"] == "server_shutting_down"
+
+
+async def test_the_first_signal_wins_and_later_ones_are_harmless() -> None:
+    backend = _backend()
+    turn = await _turn(backend)
+
+    def both() -> None:
+        turn.interrupt(ServerError("Connection cap.", code="websocket_connection_limit_reached"))
+        turn.cancel()
+        turn.interrupt(ServerError("Shutdown.", code="server_shutting_down"))
+
+    before, after = await _stopped_reader(turn, both)
+    final = check_stream(_decoded(before + after), expect_done=False)
+    assert final["error"]["code"] == "websocket_connection_limit_reached"
+    turn.cancel()  # after the end: nothing happens
+    assert turn.response.status == "failed"
+
+
+async def test_cancel_wakes_a_reader_waiting_on_an_empty_queue() -> None:
+    backend = _backend()
+    turn = await _turn(backend, model="slow")
+    events = turn.events()
+    before = await _read_until_first_delta(events)
+    reader = asyncio.ensure_future(events.__anext__())
+    while turn._queue is None or not turn._queue._getters:  # the reader waits in queue.get()
+        await asyncio.sleep(0)
+    turn.cancel()
+    rest = [await reader] + [emitted async for emitted in events]
+    assert len(backend.cancelled) == 1
+    final = check_stream(_decoded(before + rest), expect_done=False)
+    assert final["status"] == "cancelled"
+
+
+async def test_a_turn_cancelled_before_it_runs_never_calls_the_backend() -> None:
+    backend = _backend()
+    turn = await _turn(backend)
+    turn.cancel()
+    final = check_stream(_decoded([emitted async for emitted in turn.events()]), expect_done=False)
+    assert final["status"] == "cancelled"
+    assert backend.requests == []
+
+
+async def test_a_background_run_that_cannot_start_ends(tmp_path: Path) -> None:
+    """The response it continues was deleted between the check and the start: its start
+    fails, and the waiters are released with that error instead of waiting forever."""
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
+    await store.open()
+    try:
+        backend = _backend()
+        turn = await _turn(backend, store=store, history=_Fixed(), previous_response_id="resp_gone",
+                           background=True)
+        live = LiveTurns()
+        live.start_background(turn)
+        with pytest.raises(PreviousResponseNotFound):
+            await turn.wait_started()
+        await turn.wait_ended()
+        assert [emitted async for emitted in turn.follow()] == []
+        assert live.get("t", turn.id) is None
+        assert backend.requests == []
+        assert await store.get("t", turn.id) is None
+    finally:
+        await store.close()
+
+
+async def test_a_background_task_cancelled_before_it_ran_ends() -> None:
+    backend = _backend()
+    turn = await _turn(backend, background=True, store=None)
+    live = LiveTurns()
+    live.start_background(turn)
+    for task in list(live._background):
+        task.cancel()
+    with pytest.raises(ServerError):
+        await turn.wait_started()
+    await turn.wait_ended()
+    assert turn.phase is TurnPhase.ENDED
+
+
+async def test_background_cancel_ends_and_is_recorded(tmp_path: Path) -> None:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
+    await store.open()
+    try:
+        backend = _backend()
+        turn = await _turn(backend, model="slow", store=store, background=True)
+        live = LiveTurns()
+        live.start_background(turn)
+        await turn.wait_started()
+        follower = turn.follow()
+        seen = [await follower.__anext__()]
+        while seen[-1].type != "response.output_text.delta":
+            seen.append(await follower.__anext__())
+        assert live.cancel("t", turn.id)
+        await turn.wait_ended()
+        stored = await store.get("t", turn.id)
+        assert stored is not None and stored.status == "cancelled"
+        seen += [emitted async for emitted in follower]
+        assert check_stream(_decoded(seen), expect_done=False)["status"] == "cancelled"
+        assert not live.cancel("t", turn.id)  # ended: nothing to cancel here any more
+    finally:
+        await store.close()

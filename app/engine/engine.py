@@ -188,6 +188,7 @@ class Engine:
             tools=[tool.model_dump(mode="json") for tool in initial.tools],
             error_events=error_events,
             seal_reasoning=_reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
+            metrics=self.metrics,
         )
 
 

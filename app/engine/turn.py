@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ from app.engine.builder import ResponseBuilder
 from app.engine.output_format import enforce_output_format
 from app.engine.tools import enforce_tool_policy
 from app.errors import ModelError, ORSError, ServerError
+from app.metrics import Metrics
 from app.protocol.events import StreamEvent
 from app.protocol.responses import (
     CreateResponseBody,
@@ -117,8 +119,10 @@ class Turn:
         tools: list[dict[str, Any]],
         error_events: bool = True,
         seal_reasoning: Callable[[str], str] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.body = body
+        self.metrics = metrics
         self.backend = backend
         self.request = request
         self.initial = initial
@@ -141,6 +145,8 @@ class Turn:
         self._pump_task: asyncio.Task[None] | None = None
         self._control: _Cancelled | _Interrupted | None = None
         self._recorded_end = False
+        self._started_at = 0.0
+        self._first_output_at: float | None = None
 
     @property
     def id(self) -> str:
@@ -222,6 +228,9 @@ class Turn:
         self.phase = TurnPhase.RUNNING
         began = False
         pump: asyncio.Task[None] | None = None
+        self._started_at = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.responses_in_progress.inc()
         try:
             await self._record_begin()
             began = True
@@ -265,6 +274,7 @@ class Turn:
                 if began:
                     await self._settle()
                 self._mark_ended()
+                self._observe(began)
 
     def _next_events(self, got: object) -> list[StreamEvent]:
         builder = self.builder
@@ -279,6 +289,8 @@ class Turn:
                 raise got
             if got is _END:
                 raise ModelError("The model stream ended without a finish.", code="model_stream_ended")
+            if self._first_output_at is None:
+                self._first_output_at = time.monotonic()
             return builder.feed(got)  # type: ignore[arg-type]
         except ORSError as exc:
             self.error = exc
@@ -288,6 +300,26 @@ class Turn:
             log.exception("response %s failed unexpectedly", self.id)
             self.error = ServerError("The server failed while generating this response.")
             return builder.fail(self.error)
+
+    def _observe(self, began: bool) -> None:
+        """Once per turn, when it ends: what ``/metrics`` counts of a response."""
+        if self.metrics is None:
+            return
+        self.metrics.responses_in_progress.dec()
+        if not began:
+            return
+        response = self.builder.response
+        usage = response.usage
+        self.metrics.response_ended(
+            model=self.request.model,
+            status=str(response.status),
+            error_code=response.error.code if response.error is not None else None,
+            seconds=time.monotonic() - self._started_at,
+            first_output_seconds=None if self._first_output_at is None else self._first_output_at - self._started_at,
+            input_tokens=usage.input_tokens if usage else 0,
+            output_tokens=usage.output_tokens if usage else 0,
+            cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
+        )
 
     async def _pump(self, queue: asyncio.Queue[object]) -> None:
         """Move the backend's deltas into the queue; owns (and always closes) the stream."""

@@ -64,6 +64,7 @@ from app.store.cancels import (
     encode_notice,
 )
 from app.store.codec import pack_events, unpack_events
+from app.store.group_commit import GroupCommit
 from app.store.engines import create_engine, is_sqlite, normalize_url, reader, sqlite_path, writer
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
@@ -71,6 +72,9 @@ from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
 from app.store.schema import events as event_rows
 
 log = logging.getLogger(__name__)
+
+POSTGRES_WRITERS = 4
+"""Concurrent group-commit transactions on PostgreSQL (SQLite has one writer anyway)."""
 
 T = TypeVar("T")
 
@@ -105,7 +109,7 @@ class SqlResponseStore(ResponseStore):
         self._notices: CancelNotices | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
-        self._writes: set[asyncio.Future[Any]] = set()
+        self._group: GroupCommit | None = None
 
     @property
     def engine(self) -> AsyncEngine:
@@ -126,6 +130,7 @@ class SqlResponseStore(ResponseStore):
             raise RuntimeError("the store is already open")
         engine = create_engine(self.url, pool_size=self._pool_size)
         self._engine, self._writer, self._reader = engine, writer(engine), reader(engine)
+        self._group = GroupCommit(self._writer, writers=1 if self.is_sqlite else POSTGRES_WRITERS)
         try:
             if self.is_sqlite:
                 self._liveness = SingleProcessLiveness(sqlite_path(self.url))
@@ -153,8 +158,9 @@ class SqlResponseStore(ResponseStore):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._writes:
-            await asyncio.wait(list(self._writes))
+        group, self._group = self._group, None
+        if group is not None:
+            await group.close()
         notices, self._notices = self._notices, None
         if notices is not None:
             await notices.close()
@@ -363,25 +369,11 @@ class SqlResponseStore(ResponseStore):
             return recovered
 
     async def _write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-        """Run ``work`` in one write transaction that the caller's cancellation cannot
-        interrupt."""
-        writer_engine = self._writer
-        if writer_engine is None:
+        """Run ``work`` in a write transaction, grouped with concurrent writes (see
+        :mod:`app.store.group_commit`); the caller's cancellation does not interrupt it."""
+        if self._group is None:
             raise RuntimeError("the store is not open")
-
-        async def transaction() -> T:
-            async with writer_engine.begin() as connection:
-                return await work(connection)
-
-        future = asyncio.ensure_future(transaction())
-        self._writes.add(future)
-        future.add_done_callback(self._write_done)
-        return await asyncio.shield(future)
-
-    def _write_done(self, future: asyncio.Future[Any]) -> None:
-        self._writes.discard(future)
-        if not future.cancelled() and future.exception() is not None:
-            log.debug("A store write failed: %r", future.exception())
+        return await self._group.run(work)
 
     # -- reads ---------------------------------------------------------------------
 

@@ -1,0 +1,75 @@
+"""Group commit on both engines: concurrent writes share transactions, a failing write
+fails alone, and queued writes hold no connection from the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+
+from app.errors import PreviousResponseNotFound
+from app.store.base import StoreConflict
+from app.store.sql import SqlResponseStore
+from tests.store.conftest import NewStore
+from tests.store.helpers import assistant_message, events_of, final, new_response
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_concurrent_writes_share_commits(store: SqlResponseStore, tenant: str) -> None:
+    begun = [new_response(tenant) for _ in range(200)]
+    assert store._group is not None
+    before = store._group.batches
+    await asyncio.gather(*(store.begin(one) for one in begun))
+    commits = store._group.batches - before
+    assert 1 <= commits < len(begun)
+    for one in begun:
+        assert (await store.get(tenant, one.id)) is not None
+
+
+async def test_a_failing_write_fails_alone(store: SqlResponseStore, tenant: str) -> None:
+    taken = new_response(tenant)
+    await store.begin(taken)
+    batch = [new_response(tenant) for _ in range(30)]
+    duplicate = new_response(tenant, response_id=taken.id)
+    orphan = new_response(tenant, previous="resp_" + secrets.token_hex(8))
+    results = await asyncio.gather(
+        *(store.begin(one) for one in [*batch[:15], duplicate, orphan, *batch[15:]]), return_exceptions=True
+    )
+    assert isinstance(results[15], StoreConflict)
+    assert isinstance(results[16], PreviousResponseNotFound)
+    assert [r for i, r in enumerate(results) if i not in (15, 16)] == [None] * 30
+    for one in batch:
+        assert (await store.get(tenant, one.id)) is not None
+
+
+async def test_a_thousand_writers_never_wait_on_the_pool(database_url: str, tenant: str) -> None:
+    store = SqlResponseStore(database_url, secrets.token_hex(8), pool_size=2)
+    await store.open()
+    try:
+        begun = [new_response(tenant) for _ in range(1000)]
+        await asyncio.gather(*(store.begin(one) for one in begun))
+
+        async def finish(one) -> None:  # type: ignore[no-untyped-def]
+            output = [assistant_message("done")]
+            await store.finish(tenant, one.id, final(one, output), output, events_of(one.id))
+
+        await asyncio.gather(*(finish(one) for one in begun))
+        stored = await store.get(tenant, begun[-1].id)
+        assert stored is not None and stored.status == "completed"
+    finally:
+        await store.close()
+
+
+async def test_a_cancelled_caller_does_not_cancel_its_write(new_store: NewStore, tenant: str) -> None:
+    first = await new_store()
+    one = new_response(tenant)
+    task = asyncio.create_task(first.begin(one))
+    await asyncio.sleep(0)  # the write is queued
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await first.close()  # lets queued writes finish
+    second = await new_store()
+    assert (await second.get(tenant, one.id)) is not None

@@ -147,6 +147,7 @@ class Turn:
         self._recorded_end = False
         self._started_at = 0.0
         self._first_output_at: float | None = None
+        self._opened = False
 
     @property
     def id(self) -> str:
@@ -232,13 +233,15 @@ class Turn:
         if self.metrics is not None:
             self.metrics.responses_in_progress.inc()
         try:
-            await self._record_begin()
+            await self.open()
             began = True
-            for event in builder.start():
-                yield self._emit(event)
+            # each batch is emitted (recorded) whole before any of it is yielded, so a
+            # consumer leaving mid-batch never leaves a gap in the sequence numbers
+            for emitted in [self._emit(event) for event in builder.start()]:
+                yield emitted
             if builder.status == "queued":
-                for event in builder.begin():
-                    yield self._emit(event)
+                for emitted in [self._emit(event) for event in builder.begin()]:
+                    yield emitted
                 await self._record_status()
             queue: asyncio.Queue[object] = asyncio.Queue(maxsize=_QUEUE_SIZE)
             self._queue = queue
@@ -363,6 +366,28 @@ class Turn:
             if (self.finished or self.ended) and index >= len(self.emitted):
                 return
             await changed.wait()
+
+    async def open(self) -> None:
+        """Record the response's start (store: true), the one step of a turn that can
+        still fail before its first event (a chain deleted meanwhile, the store down).
+        A transport calls it before it commits to a stream, so that such a failure is a
+        plain HTTP error instead of a stream cut before ``response.created``; otherwise
+        :meth:`events` does it. Idempotent. A turn opened this way must then be driven
+        (:meth:`events`) or :meth:`discard`-ed."""
+        if not self._opened:
+            await self._record_begin()
+            self._opened = True
+
+    async def discard(self) -> None:
+        """End a turn that was opened but never driven (its client left before the
+        stream began) as a client leaving ends one: ``incomplete``, recorded. Nothing
+        to do for a turn that ran or was never opened."""
+        if not self._opened or self.phase is not TurnPhase.PREPARED:
+            return
+        events = self.events()
+        with contextlib.suppress(StopAsyncIteration):
+            await events.__anext__()
+        await events.aclose()
 
     # ------------------------------------------------------------ storage
 

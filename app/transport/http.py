@@ -107,6 +107,11 @@ async def create_response(
             return stream_emitted(turn.follow())
         return _json(turn.response)
     if body.stream:
+        try:
+            await turn.open()  # a failure to begin is a plain error, before the stream commits
+        except BaseException:
+            await lease.release()
+            raise
         return stream_turn(turn, drain, live, on_end=lease.release)
     async with lease:
         response = await _run_while_connected(request, turn, live)

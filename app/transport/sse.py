@@ -63,6 +63,7 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
     shutdown = anyio.Event()
 
     async def ended() -> None:
+        await turn.discard()  # opened, but the body never ran: the client left first
         if on_end is not None:
             await on_end()
 

@@ -210,3 +210,39 @@ async def test_background_cancel_ends_and_is_recorded(tmp_path: Path) -> None:
         assert not live.cancel("t", turn.id)  # ended: nothing to cancel here any more
     finally:
         await store.close()
+
+
+async def test_a_stream_whose_start_fails_fails_before_its_first_event(tmp_path: Path) -> None:
+    # What the SSE transport does: open() before committing to a stream, so the failure
+    # is a plain error (the chain vanished between prepare and begin).
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
+    await store.open()
+    try:
+        backend = _backend()
+        turn = await _turn(backend, store=store, history=_Fixed(), previous_response_id="resp_gone", stream=True)
+        with pytest.raises(PreviousResponseNotFound):
+            await turn.open()
+        assert turn.emitted == [] and backend.requests == []
+        assert await store.get("t", turn.id) is None
+    finally:
+        await store.close()
+
+
+async def test_an_opened_turn_never_driven_is_discarded_as_its_client_leaving(tmp_path: Path) -> None:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
+    await store.open()
+    try:
+        backend = _backend()
+        turn = await _turn(backend, store=store, stream=True)
+        await turn.open()
+        stored = await store.get("t", turn.id)
+        assert stored is not None and stored.status == "in_progress"
+        await turn.discard()
+        await turn.discard()  # idempotent
+        stored = await store.get("t", turn.id)
+        assert stored is not None and stored.status == "incomplete"
+        assert stored.resource["incomplete_details"] == {"reason": "client_disconnected"}
+        assert turn.phase is TurnPhase.ENDED
+        check_stream(_decoded(turn.emitted), expect_done=False)
+    finally:
+        await store.close()

@@ -96,8 +96,8 @@ def create_engine(url: URL, *, pool_size: int = 10) -> AsyncEngine:
         max_overflow=pool_size,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
     )
-    event.listen(engine.sync_engine, "connect", _configure_sqlite)
-    event.listen(engine.sync_engine, "begin", _begin_sqlite)
+    event.listen(engine.sync_engine, "connect", configure_sqlite)
+    event.listen(engine.sync_engine, "begin", begin_sqlite)
     return engine
 
 
@@ -113,7 +113,7 @@ def reader(engine: AsyncEngine) -> AsyncEngine:
     return engine
 
 
-def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
+def configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
@@ -123,6 +123,6 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
         cursor.close()
 
 
-def _begin_sqlite(connection: Connection) -> None:
+def begin_sqlite(connection: Connection) -> None:
     immediate = connection.get_execution_options().get(WRITE_OPTION, False)
     connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

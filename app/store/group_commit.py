@@ -1,6 +1,7 @@
 """Group commit: concurrent writes share one transaction, so they share its commit.
 
-A write is a function of an open connection (``work(connection) -> result``). Callers
+A write is a function of an open connection (``work(connection) -> result``, see
+:mod:`app.store.database`). Callers
 hand it to :meth:`GroupCommit.run` and wait for *their* result, which is delivered only
 after the transaction that ran it has committed: a write acknowledged to a caller is
 durable (``synchronous=FULL`` on SQLite, a committed transaction on PostgreSQL).
@@ -27,16 +28,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import Connection
+
+from app.store.database import Database
 
 log = logging.getLogger("ors.store")
 
 T = TypeVar("T")
-Work = Callable[[AsyncConnection], Awaitable[Any]]
+Work = Callable[[Connection], Any]
 
 
 @dataclass(slots=True)
@@ -46,15 +49,15 @@ class _Write:
 
 
 class GroupCommit:
-    def __init__(self, engine: AsyncEngine, *, writers: int = 1, max_batch: int = 128) -> None:
-        self._engine = engine
+    def __init__(self, database: Database, *, writers: int = 1, max_batch: int = 128) -> None:
+        self._database = database
         self._max_batch = max_batch
         self._queue: asyncio.Queue[_Write | None] = asyncio.Queue()
         self._tasks = [asyncio.create_task(self._writer(), name=f"store-writer-{i}") for i in range(writers)]
         self.batches = 0
         """Transactions committed (for tests and benchmarks: writes per commit)."""
 
-    async def run(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def run(self, work: Callable[[Connection], T]) -> T:
         if not self._tasks:
             raise RuntimeError("the store is closed")
         write = _Write(work)
@@ -85,11 +88,8 @@ class GroupCommit:
                 return
 
     async def _commit(self, batch: list[_Write]) -> None:
-        results: list[Any] = []
         try:
-            async with self._engine.begin() as connection:
-                for write in batch:
-                    results.append(await write.work(connection))
+            results = await self._database.write(lambda connection: [write.work(connection) for write in batch])
         except Exception as error:
             if len(batch) == 1:
                 _settle(batch[0].done, error=error)

@@ -37,12 +37,13 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.errors import PreviousResponseNotFound
@@ -65,7 +66,8 @@ from app.store.cancels import (
 )
 from app.store.codec import pack_events, unpack_events
 from app.store.group_commit import GroupCommit
-from app.store.engines import create_engine, is_sqlite, normalize_url, reader, sqlite_path, writer
+from app.store.database import Database, PostgresDatabase, SqliteDatabase
+from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
 from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
@@ -103,8 +105,7 @@ class SqlResponseStore(ResponseStore):
         self._pool_size = pool_size
         self._positional_tenants = positional_tenants
         self._engine: AsyncEngine | None = None
-        self._writer: AsyncEngine | None = None
-        self._reader: AsyncEngine | None = None
+        self._db: Database | None = None
         self._liveness: Liveness | None = None
         self._notices: CancelNotices | None = None
         self._recovery_task: asyncio.Task[None] | None = None
@@ -118,6 +119,14 @@ class SqlResponseStore(ResponseStore):
         return self._engine
 
     @property
+    def statement_engine(self) -> Engine:
+        """The synchronous engine whose events see every statement of reads and writes
+        (SQLite: the one the store's threads use; PostgreSQL: the async engine's)."""
+        if self._db is None:
+            raise RuntimeError("the store is not open")
+        return self._db.sync_engine
+
+    @property
     def is_sqlite(self) -> bool:
         return is_sqlite(self.url)
 
@@ -129,8 +138,9 @@ class SqlResponseStore(ResponseStore):
         if self._engine is not None:
             raise RuntimeError("the store is already open")
         engine = create_engine(self.url, pool_size=self._pool_size)
-        self._engine, self._writer, self._reader = engine, writer(engine), reader(engine)
-        self._group = GroupCommit(self._writer, writers=1 if self.is_sqlite else POSTGRES_WRITERS)
+        self._engine = engine
+        self._db = SqliteDatabase(self.url) if self.is_sqlite else PostgresDatabase(engine)
+        self._group = GroupCommit(self._db, writers=1 if self.is_sqlite else POSTGRES_WRITERS)
         try:
             if self.is_sqlite:
                 self._liveness = SingleProcessLiveness(sqlite_path(self.url))
@@ -166,11 +176,13 @@ class SqlResponseStore(ResponseStore):
             await notices.close()
         liveness, self._liveness = self._liveness, None
         engine, self._engine = self._engine, None
-        self._writer = self._reader = None
+        database, self._db = self._db, None
         try:
             if liveness is not None:
                 await liveness.close()
         finally:
+            if database is not None:
+                await database.close()
             if engine is not None:
                 await engine.dispose()
 
@@ -209,20 +221,20 @@ class SqlResponseStore(ResponseStore):
         }
         input_rows = _item_rows(response.id, "input", response.input_items)
 
-        async def work(connection: AsyncConnection) -> None:
+        def work(connection: Connection) -> None:
             previous = response.previous_response_id
             if previous is not None:
                 visible = select(responses.c.id).where(_visible(response.tenant, previous))
-                if await connection.scalar(visible.with_for_update(read=True)) is None:
+                if connection.scalar(visible.with_for_update(read=True)) is None:
                     raise PreviousResponseNotFound(
                         f"Previous response with id '{previous}' not found.", param="previous_response_id"
                     )
             try:
-                await connection.execute(insert(responses).values(row))
+                connection.execute(insert(responses).values(row))
             except IntegrityError as error:
                 raise StoreConflict(f"Response '{response.id}' already exists.") from error
             if input_rows:
-                await connection.execute(insert(items), input_rows)
+                connection.execute(insert(items), input_rows)
 
         await self._write(work)
 
@@ -230,8 +242,8 @@ class SqlResponseStore(ResponseStore):
         if status not in NON_TERMINAL and status != "cancelled":
             raise ValueError(f"set_status moves to queued, in_progress or cancelled, not {status!r}")
 
-        async def work(connection: AsyncConnection) -> None:
-            current = await _lock_for_update(connection, tenant, response_id)
+        def work(connection: Connection) -> None:
+            current = _lock_for_update(connection, tenant, response_id)
             if current.deleted_at is not None or current.status == "cancelled":
                 return
             if current.finished_at is not None:
@@ -240,7 +252,7 @@ class SqlResponseStore(ResponseStore):
             values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
             if status == "cancelled":
                 values["finished_at"] = now
-            await connection.execute(update(responses).where(responses.c.id == response_id).values(values))
+            connection.execute(update(responses).where(responses.c.id == response_id).values(values))
 
         await self._write(work)
 
@@ -255,17 +267,17 @@ class SqlResponseStore(ResponseStore):
         output_rows = _item_rows(response_id, "output", output_items)
         body = await pack_events(events)
 
-        async def work(connection: AsyncConnection) -> None:
-            current = await _lock_for_update(connection, tenant, response_id)
+        def work(connection: Connection) -> None:
+            current = _lock_for_update(connection, tenant, response_id)
             if current.deleted_at is not None or current.status == "cancelled":
                 return
             if current.finished_at is not None:
                 raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
             if output_rows:
-                await connection.execute(insert(items), output_rows)
-            await connection.execute(insert(event_rows).values(response_id=response_id, body=body))
+                connection.execute(insert(items), output_rows)
+            connection.execute(insert(event_rows).values(response_id=response_id, body=body))
             now = _now_ms()
-            await connection.execute(
+            connection.execute(
                 update(responses)
                 .where(responses.c.id == response_id)
                 .values(status=status, resource=resource, updated_at=now, finished_at=now)
@@ -276,9 +288,9 @@ class SqlResponseStore(ResponseStore):
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
         postgres = not self.is_sqlite
 
-        async def work(connection: AsyncConnection) -> tuple[StoredResponse | None, bool]:
+        def work(connection: Connection) -> tuple[StoredResponse | None, bool]:
             row = (
-                await connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
+                connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
             ).first()
             if row is None:
                 return None, False
@@ -286,14 +298,14 @@ class SqlResponseStore(ResponseStore):
                 return _stored(row), False
             resource = cancelled_resource(row.resource)
             now = _now_ms()
-            await connection.execute(
+            connection.execute(
                 update(responses)
                 .where(responses.c.id == response_id)
                 .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
             )
             if postgres:
                 # sent at commit, and only if the cancel commits
-                await connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
+                connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
             return _stored(row, status="cancelled", resource=resource), True
 
         stored, cancelled = await self._write(work)
@@ -308,40 +320,36 @@ class SqlResponseStore(ResponseStore):
 
     async def _missed_cancels(self, since_ms: int) -> list[tuple[str, str]]:
         """This instance's responses cancelled since ``since_ms`` (a lost listener's replay)."""
-        async with self._read() as connection:
-            rows = (
-                await connection.execute(
-                    select(responses.c.tenant, responses.c.id).where(
-                        responses.c.owner == self.instance_id,
-                        responses.c.status == "cancelled",
-                        responses.c.updated_at >= since_ms,
-                    )
-                )
-            ).all()
+        query = select(responses.c.tenant, responses.c.id).where(
+            responses.c.owner == self.instance_id,
+            responses.c.status == "cancelled",
+            responses.c.updated_at >= since_ms,
+        )
+        rows = await self._read(lambda connection: connection.execute(query).all())
         return [(row.tenant, row.id) for row in rows]
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        async def work(connection: AsyncConnection) -> bool:
-            path = await _ancestry(connection, tenant, response_id, visible_start=True)
+        def work(connection: Connection) -> bool:
+            path = _ancestry(connection, tenant, response_id, visible_start=True)
             if not path:
                 return False
             root = path[-1].id
             if not self.is_sqlite:
-                await connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
+                connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
             now = _now_ms()
-            marked = await connection.execute(
+            marked = connection.execute(
                 update(responses)
                 .where(_visible(tenant, response_id))
                 .values(deleted_at=now, updated_at=now)
             )
             if marked.rowcount == 0:
                 return False
-            await connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
-            unneeded = await _unneeded_after_delete(connection, tenant, response_id)
+            connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
+            unneeded = _unneeded_after_delete(connection, tenant, response_id)
             for start in range(0, len(unneeded), PURGE_BATCH):
                 batch = unneeded[start : start + PURGE_BATCH]
-                await connection.execute(delete(items).where(items.c.response_id.in_(batch)))
-                await connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
+                connection.execute(delete(items).where(items.c.response_id.in_(batch)))
+                connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
             return True
 
         return await self._write(work)
@@ -351,14 +359,12 @@ class SqlResponseStore(ResponseStore):
             liveness = self._liveness
             if liveness is None:
                 raise RuntimeError("the store is not open")
-            async with self.engine.connect() as connection:
-                owners = (
-                    await connection.scalars(
-                        select(responses.c.owner)
-                        .where(responses.c.finished_at.is_(None), responses.c.owner != self.instance_id)
-                        .distinct()
-                    )
-                ).all()
+            query = (
+                select(responses.c.owner)
+                .where(responses.c.finished_at.is_(None), responses.c.owner != self.instance_id)
+                .distinct()
+            )
+            owners = await self._read(lambda connection: connection.scalars(query).all())
             recovered = 0
             for owner in owners:
                 async with liveness.claim_if_dead(owner) as dead:
@@ -368,7 +374,7 @@ class SqlResponseStore(ResponseStore):
                 log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
             return recovered
 
-    async def _write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def _write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a write transaction, grouped with concurrent writes (see
         :mod:`app.store.group_commit`); the caller's cancellation does not interrupt it."""
         if self._group is None:
@@ -377,39 +383,40 @@ class SqlResponseStore(ResponseStore):
 
     # -- reads ---------------------------------------------------------------------
 
-    def _read(self) -> Any:
-        if self._reader is None:
+    async def _read(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in one read transaction (one snapshot)."""
+        if self._db is None:
             raise RuntimeError("the store is not open")
-        return self._reader.begin()
+        return await self._db.read(work)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        async with self._read() as connection:
-            row = (await connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)))).first()
+        query = select(*_STORED_COLUMNS).where(_visible(tenant, response_id))
+        row = await self._read(lambda connection: connection.execute(query).first())
         return None if row is None else _stored(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
         """Two statements whatever the depth: the links (a recursive CTE up
         ``previous_response_id``), then all their items (the same CTE joined to
         ``items``), in one snapshot."""
-        async with self._read() as connection:
-            ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
-            links = (
-                await connection.execute(
-                    select(ancestry.c.id, responses.c.tools)
-                    .join(responses, responses.c.id == ancestry.c.id)
-                    .order_by(ancestry.c.depth.desc())
-                )
-            ).all()
-            if not links:
-                return None
-            ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
-            rows = (
-                await connection.execute(
-                    select(items.c.response_id, items.c.role, items.c.item)
-                    .where(items.c.response_id.in_(select(ancestry.c.id)))
-                    .order_by(items.c.response_id, items.c.role, items.c.position)
-                )
-            ).all()
+        ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
+        links_query = (
+            select(ancestry.c.id, responses.c.tools)
+            .join(responses, responses.c.id == ancestry.c.id)
+            .order_by(ancestry.c.depth.desc())
+        )
+        items_query = (
+            select(items.c.response_id, items.c.role, items.c.item)
+            .where(items.c.response_id.in_(select(ancestry.c.id)))
+            .order_by(items.c.response_id, items.c.role, items.c.position)
+        )
+
+        def work(connection: Connection) -> tuple[Sequence[Row[Any]], Sequence[Row[Any]]]:
+            links = connection.execute(links_query).all()
+            return (links, connection.execute(items_query).all()) if links else (links, [])
+
+        links, rows = await self._read(work)
+        if not links:
+            return None
         own: dict[str, tuple[list[JSON], list[JSON]]] = {link.id: ([], []) for link in links}
         for row in rows:
             inputs, outputs = own[row.response_id]
@@ -440,19 +447,25 @@ class SqlResponseStore(ResponseStore):
             )
             query = query.where(items.c.position > cursor if ascending else items.c.position < cursor)
         query = query.order_by(items.c.position.asc() if ascending else items.c.position.desc()).limit(limit + 1)
-        async with self._read() as connection:
-            if await connection.scalar(select(responses.c.id).where(_visible(tenant, response_id))) is None:
+        visible = select(responses.c.id).where(_visible(tenant, response_id))
+
+        def work(connection: Connection) -> Sequence[Any] | None:
+            if connection.scalar(visible) is None:
                 return None
-            page = (await connection.scalars(query)).all()
+            return connection.scalars(query).all()
+
+        page = await self._read(work)
+        if page is None:
+            return None
         return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
 
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
-        async with self._read() as connection:
-            body = await connection.scalar(
-                select(event_rows.c.body)
-                .join(responses, responses.c.id == event_rows.c.response_id)
-                .where(_visible(tenant, response_id))
-            )
+        query = (
+            select(event_rows.c.body)
+            .join(responses, responses.c.id == event_rows.c.response_id)
+            .where(_visible(tenant, response_id))
+        )
+        body = await self._read(lambda connection: connection.scalar(query))
         return None if body is None else await unpack_events(body)
 
 
@@ -541,8 +554,8 @@ def _ancestry_cte(
     return ancestry.union_all(step)
 
 
-async def _ancestry(
-    connection: AsyncConnection,
+def _ancestry(
+    connection: Connection,
     tenant: str,
     response_id: str,
     *,
@@ -552,12 +565,12 @@ async def _ancestry(
     ancestry = _ancestry_cte(
         tenant, response_id, visible_start=visible_start, through_deleted_only=through_deleted_only
     )
-    return (await connection.execute(select(ancestry).order_by(ancestry.c.depth))).all()
+    return (connection.execute(select(ancestry).order_by(ancestry.c.depth))).all()
 
 
-async def _lock_for_update(connection: AsyncConnection, tenant: str, response_id: str) -> Row[Any]:
+def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> Row[Any]:
     row = (
-        await connection.execute(
+        connection.execute(
             select(responses.c.status, responses.c.finished_at, responses.c.deleted_at)
             .where(responses.c.id == response_id, responses.c.tenant == tenant)
             .with_for_update()
@@ -568,14 +581,14 @@ async def _lock_for_update(connection: AsyncConnection, tenant: str, response_id
     return row
 
 
-async def _unneeded_after_delete(connection: AsyncConnection, tenant: str, response_id: str) -> list[str]:
+def _unneeded_after_delete(connection: Connection, tenant: str, response_id: str) -> list[str]:
     """The responses whose items nobody needs once ``response_id`` is deleted: it and
     its deleted ancestors, from the bottom up, as long as none has a visible descendant.
 
     One walk up (through deleted ancestors), one walk down from the topmost of them
     (through deleted responses only: below a visible one nothing matters).
     """
-    walk_up = await _ancestry(connection, tenant, response_id, visible_start=False, through_deleted_only=True)
+    walk_up = _ancestry(connection, tenant, response_id, visible_start=False, through_deleted_only=True)
     path = [row.id for row in walk_up if row.deleted_at is not None]
     if not path:
         return []
@@ -589,7 +602,7 @@ async def _unneeded_after_delete(connection: AsyncConnection, tenant: str, respo
         .join(subtree, below.c.previous_response_id == subtree.c.id)
         .where(subtree.c.deleted_at.is_not(None))
     )
-    nodes = (await connection.execute(select(subtree))).all()
+    nodes = (connection.execute(select(subtree))).all()
     parent_of = {node.id: node.previous_response_id for node in nodes}
     depth_on_path = {node_id: depth for depth, node_id in enumerate(path)}
     needed_from = len(path)
@@ -604,9 +617,9 @@ async def _unneeded_after_delete(connection: AsyncConnection, tenant: str, respo
     return path[:needed_from]
 
 
-async def _fail_rows_of(connection: AsyncConnection, *, owner: str) -> int:
+def _fail_rows_of(connection: Connection, *, owner: str) -> int:
     rows = (
-        await connection.execute(
+        connection.execute(
             select(responses.c.id, responses.c.resource)
             .where(responses.c.owner == owner, responses.c.finished_at.is_(None))
             .with_for_update()
@@ -615,7 +628,7 @@ async def _fail_rows_of(connection: AsyncConnection, *, owner: str) -> int:
     if not rows:
         return 0
     now = _now_ms()
-    await connection.execute(
+    connection.execute(
         update(responses)
         .where(responses.c.id == bindparam("failed_id"))
         .values(

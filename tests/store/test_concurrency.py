@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import anyio
 import pytest
@@ -96,22 +97,31 @@ async def test_delete_between_a_continuations_check_and_its_commit(store: SqlRes
     output = [assistant_message("parent answer")]
     await store.finish(tenant, parent.id, final(parent, output), output, events_of(parent.id))
     child = new_response(tenant, previous=parent.id)
-    checked, release = anyio.Event(), anyio.Event()
+    # The pause happens where the statement runs: on PostgreSQL inside the event loop (a
+    # greenlet that can await), on SQLite in the store's writer thread (which can block).
+    checked, release = threading.Event(), threading.Event()
+    sqlite = store.is_sqlite
 
     async def hold() -> None:
-        checked.set()
-        with anyio.move_on_after(1.0):  # a delete that waits for the lock cannot set it
-            await release.wait()
+        with anyio.move_on_after(1.0):  # a delete that waits for the lock cannot release it
+            while not release.is_set():
+                await asyncio.sleep(0.01)
 
     def pause_after_parent_check(conn, cursor, statement, parameters, context, executemany) -> None:
         if not checked.is_set() and statement.startswith("SELECT responses.id") and parent.id in str(parameters):
-            await_(hold())
+            checked.set()
+            if sqlite:
+                release.wait(1.0)
+            else:
+                await_(hold())
 
-    event.listen(store.engine.sync_engine, "after_cursor_execute", pause_after_parent_check)
+    engine = store.statement_engine
+    event.listen(engine, "after_cursor_execute", pause_after_parent_check)
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(store.begin, child)
-            await checked.wait()
+            while not checked.is_set():
+                await asyncio.sleep(0.01)
 
             async def delete_then_release() -> None:
                 assert await store.delete(tenant, parent.id)
@@ -119,7 +129,7 @@ async def test_delete_between_a_continuations_check_and_its_commit(store: SqlRes
 
             group.start_soon(delete_then_release)
     finally:
-        event.remove(store.engine.sync_engine, "after_cursor_execute", pause_after_parent_check)
+        event.remove(engine, "after_cursor_execute", pause_after_parent_check)
 
     links = await store.chain(tenant, child.id)
     assert links is not None and [link.response_id for link in links] == [parent.id, child.id]

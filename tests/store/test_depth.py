@@ -31,7 +31,7 @@ def ms(seconds: float) -> str:
 
 async def test_turn_200_costs_about_what_turn_2_costs(store: SqlResponseStore, tenant: str) -> None:
     statements: list[str] = []
-    event.listen(store.engine.sync_engine, "before_cursor_execute",
+    event.listen(store.statement_engine, "before_cursor_execute",
                  lambda conn, cursor, statement, *rest: statements.append(statement))
     rebuild: list[float] = []
     record: list[float] = []

@@ -1,0 +1,110 @@
+"""How the store's transactions run: a synchronous function of a connection, run whole.
+
+Every read and write of :mod:`app.store.sql` is a plain function of a SQLAlchemy
+``Connection`` (``fn(connection) -> result``), so each engine runs it the cheapest way
+it can, and the statements are written once:
+
+* **SQLite** (the stdlib driver, synchronous): the whole transaction runs in one worker
+  thread, so a transaction of five statements costs one hop off the event loop, not
+  five. Writes go to a single writer thread (SQLite has one writer; ``BEGIN IMMEDIATE``),
+  reads to a small pool of reader threads (WAL: readers never wait for the writer). The
+  event loop never blocks on the database.
+* **PostgreSQL** (asyncpg): the function runs through SQLAlchemy's ``run_sync`` on an
+  async connection; statements are awaited inside, the event loop stays free.
+
+Measured on a 2-core machine, SQLite with ``synchronous=FULL``: a response's begin went
+from 2.4 ms (aiosqlite: a thread hop and a greenlet switch per statement) to 0.7 ms, a
+read by id from 1.7 ms to 0.3 ms.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.store.engines import SQLITE_BUSY_TIMEOUT_MS, WRITE_OPTION, configure_sqlite, begin_sqlite, reader, writer
+
+T = TypeVar("T")
+Transaction = Callable[[Connection], T]
+
+SQLITE_READERS = 2
+
+
+class Database(abc.ABC):
+    @abc.abstractmethod
+    async def write(self, fn: Transaction[T]) -> T:
+        """Run ``fn`` in one write transaction; committed when this returns."""
+
+    @abc.abstractmethod
+    async def read(self, fn: Transaction[T]) -> T:
+        """Run ``fn`` in one read transaction (one snapshot for all its statements)."""
+
+    async def close(self) -> None:
+        """Release connections and threads (after the last write has returned)."""
+
+    @property
+    @abc.abstractmethod
+    def sync_engine(self) -> Engine:
+        """The synchronous engine whose events see every statement run here."""
+
+
+class SqliteDatabase(Database):
+    def __init__(self, url: URL) -> None:
+        self._engine: Engine = create_engine(
+            url.set(drivername="sqlite"),
+            pool_size=SQLITE_READERS + 1,
+            max_overflow=0,
+            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_MS / 1000},
+        )
+        event.listen(self._engine, "connect", configure_sqlite)
+        event.listen(self._engine, "begin", begin_sqlite)
+        self._writer_engine = self._engine.execution_options(**{WRITE_OPTION: True})
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
+        self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="store-reader")
+
+    @property
+    def sync_engine(self) -> Engine:
+        return self._engine
+
+    async def write(self, fn: Transaction[T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._writer, _run, self._writer_engine, fn)
+
+    async def read(self, fn: Transaction[T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._readers, _run, self._engine, fn)
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._writer.shutdown)
+        await loop.run_in_executor(None, self._readers.shutdown)
+        await loop.run_in_executor(None, self._engine.dispose)
+
+
+class PostgresDatabase(Database):
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._writer = writer(engine)
+        self._reader = reader(engine)
+
+    @property
+    def sync_engine(self) -> Engine:
+        return self._engine.sync_engine
+
+    async def write(self, fn: Transaction[T]) -> T:
+        async with self._writer.begin() as connection:
+            return await connection.run_sync(fn)
+
+    async def read(self, fn: Transaction[T]) -> T:
+        async with self._reader.begin() as connection:
+            return await connection.run_sync(fn)
+
+
+def _run(engine: Engine, fn: Transaction[T]) -> T:
+    with engine.begin() as connection:
+        return fn(connection)

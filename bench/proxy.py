@@ -58,8 +58,8 @@ WARM_UP = 30
 class Plan:
     """How much to measure. Counts are per target and format."""
 
-    rounds: int = 8
-    latency_requests: int = 400
+    rounds: int = 10
+    latency_requests: int = 1000
     throughput_requests: int = 640
     streams: int = 1000
     hold_s: float = 10.0
@@ -90,9 +90,10 @@ def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int) -> list
 
 async def _interleaved(targets: list[Target], plan: Plan, concurrency: int, total: int) -> dict[str, Samples]:
     """``total`` requests per target and format at ``concurrency``, in ``plan.rounds``
-    rounds; in each round every target runs one block per format, in alternating order."""
+    rounds (fewer if a block would hold less than twice the concurrency); in each round
+    every target runs one block per format, in alternating order."""
     merged = {f"{fmt}/{target.name}": Samples() for fmt in FORMATS for target in targets}
-    per_block = max(concurrency, total // plan.rounds)
+    per_block = max(2 * concurrency, total // plan.rounds) if concurrency > 1 else max(1, total // plan.rounds)
     for number in range(max(1, total // per_block)):
         order = targets if number % 2 == 0 else targets[::-1]
         for fmt in FORMATS:

@@ -92,6 +92,7 @@ def _record(samples: Samples, exchange: Exchange) -> None:
 # ---------------------------------------------------------------- streams held open at once
 
 _TERMINAL = re.compile(rb"event: response\.(completed|failed|incomplete)\n")
+_FAILURE_CODE = re.compile(rb'event: response\.failed\ndata: .*?"error":\s*\{[^}]*?"code":\s*"([^"]+)"')
 
 
 async def open_streams(port: int, pid: int, model: str, count: int, hold_s: float) -> dict[str, object]:
@@ -127,10 +128,13 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
     await sampler
     await asyncio.sleep(1)
     terminals: dict[str, int] = {}
+    failures: dict[str, int] = {}
     for exchange in exchanges:
         if exchange.terminal and (found := _TERMINAL.findall(exchange.body)):
             kind = found[-1].decode()
             terminals[kind] = terminals.get(kind, 0) + 1
+        if code := _FAILURE_CODE.search(exchange.body):
+            failures[code[1].decode()] = failures.get(code[1].decode(), 0) + 1
     errors: dict[str, int] = {}
     for exchange in exchanges:
         if not exchange.ok:
@@ -140,7 +144,8 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
     return {
         "streams": count, "hold_s": hold_s, "wall_s": wall,
         "received_text": sum(exchange.first_text is not None for exchange in exchanges),
-        "ended_with_terminal_event": ended, "terminal_events": terminals, "cut": count - ended, "errors": errors,
+        "ended_with_terminal_event": ended, "terminal_events": terminals, "failure_codes": failures,
+        "cut": count - ended, "errors": errors,
         "most_open_with_text_at_once": _most_at_once(exchanges, started),
         "rss_mib_before": baseline, "rss_mib_peak": max((rss for _, rss in samples), default=baseline),
         "rss_mib_after": rss_mib(pid), "rss_mib_timeline": [(round(t, 2), round(rss, 1)) for t, rss in samples],

@@ -152,7 +152,8 @@ def _print(report: dict[str, Any]) -> None:
     if streams:
         print(f"{streams['streams']} streams at once (held {streams['hold_s']:g} s): "
               f"{streams['received_text']} received text, {streams['most_open_with_text_at_once']} open with text at "
-              f"once, {streams['ended_with_terminal_event']} ended with a terminal event {streams['terminal_events']}, "
+              f"once, {streams['ended_with_terminal_event']} ended with a terminal event {streams['terminal_events']}"
+              f"{' (failed: ' + str(streams['failure_codes']) + ')' if streams['failure_codes'] else ''}, "
               f"{streams['cut']} cut{' ' + str(streams['errors']) if streams['errors'] else ''}; RSS "
               f"{streams['rss_mib_before']:.0f} -> peak {streams['rss_mib_peak']:.0f} MiB "
               f"(after {streams['rss_mib_after']:.0f}); {streams['wall_s']:.1f} s")

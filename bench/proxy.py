@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import subprocess
 import tempfile
 import time
@@ -162,23 +163,26 @@ def _loop_runner() -> asyncio.Runner:
     return asyncio.Runner()
 
 
-def run(plan: Plan, *, quick: bool) -> dict[str, Any]:
+def run(plan: Plan, *, quick: bool) -> None:
     files = _raise_file_limit()
     if plan.streams and files < plan.streams * 3 + 100:
         print(f"warning: {files} open files allowed; {plan.streams} streams need about {plan.streams * 3}")
     load_before = os.getloadavg()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="ors-proxy-bench-") as scratch, servers(Path(scratch)) as (stub, ors):
-        assert ors.process is not None
-        loaded = children_named(ors.process.pid, "llama-server")
-        if loaded:
-            print(f"warning: ors started {len(loaded)} llama-server process(es); its CPU is not counted")
-        with _loop_runner() as runner:
-            raw = runner.run(measure(stub, ors, plan))
-    context = {"quick": quick, "plan": plan.__dict__, "cpus": os.cpu_count(), "load_before": load_before,
-               "load_after": os.getloadavg(), "seconds": time.perf_counter() - started,
-               "embedded_model_processes": len(loaded), "open_files_limit": files}
-    return proxy_report.write(proxy_report.summarize(raw, context))
+    with tempfile.TemporaryDirectory(prefix="ors-proxy-bench-") as scratch:
+        with servers(Path(scratch)) as (stub, ors):
+            assert ors.process is not None
+            loaded = children_named(ors.process.pid, "llama-server")
+            if loaded:
+                print(f"warning: ors started {len(loaded)} llama-server process(es); their CPU is not counted")
+            with _loop_runner() as runner:
+                raw = runner.run(measure(stub, ors, plan))
+        context = {"quick": quick, "plan": plan.__dict__, "cpus": os.cpu_count(), "load_before": load_before,
+                   "load_after": os.getloadavg(), "seconds": time.perf_counter() - started,
+                   "embedded_model_processes": len(loaded), "open_files_limit": files}
+        stem = proxy_report.write(proxy_report.summarize(raw, context))
+        shutil.copyfile(ors.log_path, stem.with_name(f"{stem.name}-ors.log"))
+        print(f"ors's log: {stem.name}-ors.log")
 
 
 def main(argv: list[str] | None = None) -> None:

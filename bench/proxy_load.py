@@ -99,8 +99,8 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
     """``count`` streaming requests through ors, all sent at once, for ``model`` (a stub
     model that holds each stream ``hold_s`` seconds after its first text). Counts the
     streams that received text, that ended with a terminal event (and which), and that
-    were cut without one; the most that were open with text at the same moment; the
-    server's resident memory before, at its peak and after."""
+    were cut without one; how many were open with text at the same moment; the server's
+    resident memory before, at its peak and after (sampled every 0.1 s)."""
     request = post(port, "/v1/responses", {"model": model, "input": "Hi", "stream": True})
     baseline = rss_mib(pid)
     samples: list[tuple[float, float]] = []
@@ -146,24 +146,27 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
         "received_text": sum(exchange.first_text is not None for exchange in exchanges),
         "ended_with_terminal_event": ended, "terminal_events": terminals, "failure_codes": failures,
         "cut": count - ended, "errors": errors,
-        "most_open_with_text_at_once": _most_at_once(exchanges, started),
+        "open_with_text_at_once": _open_at_once(exchanges, started, hold_s),
         "rss_mib_before": baseline, "rss_mib_peak": max((rss for _, rss in samples), default=baseline),
         "rss_mib_after": rss_mib(pid), "rss_mib_timeline": [(round(t, 2), round(rss, 1)) for t, rss in samples],
+        "open_with_text_timeline": _open_timeline(exchanges, started, [t for t, _ in samples]),
     }
 
 
-def _most_at_once(exchanges: list[Exchange], origin: float) -> int:
-    """The most streams that, at one moment, had received text and not yet ended."""
-    edges = []
-    for exchange in exchanges:
-        if exchange.first_text is not None:
-            edges.append((exchange.started - origin + exchange.first_text, 1))
-            edges.append((exchange.started - origin + exchange.end, -1))
-    most = current = 0
-    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):
-        current += step
-        most = max(most, current)
-    return most
+def _open_at_once(exchanges: list[Exchange], origin: float, hold_s: float) -> int:
+    """The streams that received text less than ``hold_s`` after the burst began. They
+    were all open at one moment, the last of those first texts: a stream ends no sooner
+    than ``hold_s`` after its first text. A stream that had to wait for another to end
+    (a bounded pool on the way) gets its text later, and is not counted."""
+    return sum(exchange.first_text is not None and exchange.started - origin + exchange.first_text < hold_s
+               for exchange in exchanges)
+
+
+def _open_timeline(exchanges: list[Exchange], origin: float, moments: list[float]) -> list[tuple[float, int]]:
+    """How many streams had received text and not yet ended, at each of ``moments``."""
+    spans = [(exchange.started - origin + exchange.first_text, exchange.started - origin + exchange.end)
+             for exchange in exchanges if exchange.first_text is not None]
+    return [(round(moment, 2), sum(first <= moment < end for first, end in spans)) for moment in moments]
 
 
 # ---------------------------------------------------------------- a previous_response_id chain

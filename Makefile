@@ -42,8 +42,9 @@ serve: $(STAMP) $(LLAMA_SERVER)
 test: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/python -m pytest
 
+# `make bench BENCH="proxy --quick"` runs one benchmark with its options.
 bench: $(STAMP) $(LLAMA_SERVER)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 lint: $(STAMP)
 	$(BIN)/ruff check app compliance bench tests

@@ -1,14 +1,14 @@
-"""``python -m bench [overhead|embedded] [options]``: the benchmarks; with no name, all of
-them (what ``make bench`` runs). Each prints its figures; ``embedded`` also writes a JSON
-report and a plot under ``bench/results/`` (not committed)."""
+"""``python -m bench [overhead|embedded|proxy] [options]``: the benchmarks; with no name,
+all of them (what ``make bench`` runs). Each prints its figures; ``embedded`` and ``proxy``
+also write a JSON report and a plot under ``bench/results/`` (not committed)."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import embedded, overhead
+from bench import embedded, overhead, proxy
 
-BENCHMARKS = {"overhead": overhead.main, "embedded": embedded.main}
+BENCHMARKS = {"overhead": overhead.main, "embedded": embedded.main, "proxy": proxy.main}
 
 
 def main(argv: list[str]) -> None:

@@ -37,6 +37,7 @@ from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
 from app.backends.local import DEFAULT_PARALLEL, Vocabulary
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.config import Settings
+from bench.procfs import children_named, rss_mib
 from tests.live import ServerProcess
 
 RESULTS = Path(__file__).parent / "results"
@@ -67,27 +68,6 @@ class Stream:
 def _aggregate(streams: list[Stream]) -> float:
     span = max(s.end for s in streams) - min(s.first for s in streams)
     return sum(s.tokens for s in streams) / span if span > 0 else 0.0
-
-
-def _rss_mib(pid: int) -> float:
-    """Resident memory of a process, MiB (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def _llama_server_children(parent: int) -> list[int]:
-    """The llama-server children of process ``parent``."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().split()
-        except OSError:
-            continue
-        if fields[1] == "(llama-server)" and int(fields[3]) == parent:
-            found.append(int(fields[0]))
-    return found
 
 
 def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
@@ -162,7 +142,7 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions,
             warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
                                                     ChatMessage("user", "What is rule 12?")), 8, sampling)
         assert server.process is not None
-        rss = _rss_mib(server.process.pid)
+        rss = rss_mib(server.process.pid)
     finally:
         await server.stop()
     figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
@@ -213,7 +193,7 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
         assert server.process is not None
-        rss = sum(_rss_mib(pid) for pid in _llama_server_children(server.process.pid))
+        rss = sum(rss_mib(pid) for pid in children_named(server.process.pid, "llama-server"))
     finally:
         server.terminate()  # a graceful stop: saves the slots' prompt caches
     restarted_at = time.perf_counter()

@@ -1,0 +1,203 @@
+"""The load of the proxy benchmark: blocks of requests at a fixed concurrency, 1,000 streams
+held open at once, and a ``previous_response_id`` chain.
+
+Each function drives real servers over loopback with :mod:`bench.wire` and returns plain
+figures; :mod:`bench.proxy` decides what runs where, :mod:`bench.proxy_report` what they mean.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from bench.procfs import cpu_seconds, rss_mib
+from bench.wire import RESPONSES_PROBE, Connection, Exchange, Probe, post
+
+
+@dataclass(frozen=True)
+class Target:
+    """Somewhere to send requests: the stub directly, or ors (stored or not). ``pid`` is
+    the process whose CPU time is counted; ``requests`` the prepared request per format
+    (``json``, ``sse``)."""
+
+    name: str
+    port: int
+    pid: int
+    requests: dict[str, bytes]
+    probe: Probe
+
+
+@dataclass
+class Samples:
+    """What blocks of requests measured, merged over the rounds of a run."""
+
+    latency: list[float] = field(default_factory=list)
+    first_byte: list[float] = field(default_factory=list)
+    first_text: list[float] = field(default_factory=list)
+    requests: int = 0
+    failures: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def merge(self, other: Samples) -> None:
+        self.latency += other.latency
+        self.first_byte += other.first_byte
+        self.first_text += other.first_text
+        self.requests += other.requests
+        self.failures += other.failures
+        self.wall_s += other.wall_s
+        self.cpu_s += other.cpu_s
+
+
+async def block(target: Target, fmt: str, concurrency: int, count: int) -> Samples:
+    """``count`` requests of format ``fmt`` on ``concurrency`` kept-alive connections, each
+    sent as soon as its connection's previous answer ended. The connections are opened
+    before the clock starts; the target's CPU time is read around the block."""
+    request = target.requests[fmt]
+    connections = await asyncio.gather(*(Connection.open(target.port) for _ in range(concurrency)))
+    samples = Samples()
+    left = count
+
+    async def worker(connection: Connection) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            if connection.closed:
+                connection = await Connection.open(target.port)
+            _record(samples, await connection.exchange(request, target.probe))
+        connection.close()
+
+    cpu = cpu_seconds(target.pid)
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(connection) for connection in connections))
+    samples.wall_s = time.perf_counter() - started
+    samples.cpu_s = cpu_seconds(target.pid) - cpu
+    return samples
+
+
+def _record(samples: Samples, exchange: Exchange) -> None:
+    samples.requests += 1
+    if not exchange.ok:
+        samples.failures += 1
+        return
+    samples.latency.append(exchange.end)
+    samples.first_byte.append(exchange.first_byte)
+    if exchange.first_text is not None:
+        samples.first_text.append(exchange.first_text)
+
+
+# ---------------------------------------------------------------- streams held open at once
+
+_TERMINAL = re.compile(rb"event: response\.(completed|failed|incomplete)\n")
+_FAILURE_CODE = re.compile(rb'event: response\.failed\ndata: .*?"error":\s*\{[^}]*?"code":\s*"([^"]+)"')
+
+
+async def open_streams(port: int, pid: int, model: str, count: int, hold_s: float) -> dict[str, object]:
+    """``count`` streaming requests through ors, all sent at once, for ``model`` (a stub
+    model that holds each stream ``hold_s`` seconds after its first text). Counts the
+    streams that received text, that ended with a terminal event (and which), and that
+    were cut without one; how many were open with text at the same moment; the server's
+    resident memory before, at its peak and after (sampled every 0.1 s)."""
+    request = post(port, "/v1/responses", {"model": model, "input": "Hi", "stream": True})
+    baseline = rss_mib(pid)
+    samples: list[tuple[float, float]] = []
+    started = time.perf_counter()
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            samples.append((time.perf_counter() - started, rss_mib(pid)))
+            await asyncio.sleep(0.1)
+
+    async def one() -> Exchange:
+        try:
+            connection = await Connection.open(port)
+        except OSError as exc:
+            return Exchange(time.perf_counter(), error=type(exc).__name__)
+        exchange = await connection.exchange(request, RESPONSES_PROBE, keep_body=True, timeout=hold_s + 120)
+        connection.close()
+        return exchange
+
+    sampler = asyncio.create_task(sample())
+    exchanges = await asyncio.gather(*(one() for _ in range(count)))
+    wall = time.perf_counter() - started
+    done.set()
+    await sampler
+    await asyncio.sleep(1)
+    terminals: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    for exchange in exchanges:
+        if exchange.terminal and (found := _TERMINAL.findall(exchange.body)):
+            kind = found[-1].decode()
+            terminals[kind] = terminals.get(kind, 0) + 1
+        if code := _FAILURE_CODE.search(exchange.body):
+            failures[code[1].decode()] = failures.get(code[1].decode(), 0) + 1
+    errors: dict[str, int] = {}
+    for exchange in exchanges:
+        if not exchange.ok:
+            key = exchange.error or f"HTTP {exchange.status}"
+            errors[key] = errors.get(key, 0) + 1
+    ended = sum(exchange.terminal for exchange in exchanges)
+    return {
+        "streams": count, "hold_s": hold_s, "wall_s": wall,
+        "received_text": sum(exchange.first_text is not None for exchange in exchanges),
+        "ended_with_terminal_event": ended, "terminal_events": terminals, "failure_codes": failures,
+        "cut": count - ended, "errors": errors,
+        "open_with_text_at_once": _open_at_once(exchanges, started, hold_s),
+        "rss_mib_before": baseline, "rss_mib_peak": max((rss for _, rss in samples), default=baseline),
+        "rss_mib_after": rss_mib(pid), "rss_mib_timeline": [(round(t, 2), round(rss, 1)) for t, rss in samples],
+        "open_with_text_timeline": _open_timeline(exchanges, started, [t for t, _ in samples]),
+    }
+
+
+def _open_at_once(exchanges: list[Exchange], origin: float, hold_s: float) -> int:
+    """The streams that received text less than ``hold_s`` after the burst began. They
+    were all open at one moment, the last of those first texts: a stream ends no sooner
+    than ``hold_s`` after its first text. A stream that had to wait for another to end
+    (a bounded pool on the way) gets its text later, and is not counted."""
+    return sum(exchange.first_text is not None and exchange.started - origin + exchange.first_text < hold_s
+               for exchange in exchanges)
+
+
+def _open_timeline(exchanges: list[Exchange], origin: float, moments: list[float]) -> list[tuple[float, int]]:
+    """How many streams had received text and not yet ended, at each of ``moments``."""
+    spans = [(exchange.started - origin + exchange.first_text, exchange.started - origin + exchange.end)
+             for exchange in exchanges if exchange.first_text is not None]
+    return [(round(moment, 2), sum(first <= moment < end for first, end in spans)) for moment in moments]
+
+
+# ---------------------------------------------------------------- a previous_response_id chain
+
+
+async def chain(port: int, model: str, turns: int) -> dict[str, object]:
+    """A stored conversation of ``turns`` turns, each continuing the last with
+    ``previous_response_id`` and a small input; the time of every turn (a JSON response,
+    sequentially on one connection). Compares the median of turns 2-12 with that of the
+    last 11 turns."""
+    connection = await Connection.open(port)
+    previous: str | None = None
+    timings: list[float] = []
+    failure = None
+    for _ in range(turns):
+        body: dict[str, object] = {"model": model, "input": "next"}
+        if previous is not None:
+            body["previous_response_id"] = previous
+        if connection.closed:
+            connection = await Connection.open(port)
+        exchange = await connection.exchange(post(port, "/v1/responses", body), RESPONSES_PROBE, keep_body=True)
+        if not exchange.ok:
+            failure = f"turn {len(timings) + 1}: {exchange.error or exchange.status} {exchange.body[:300]!r}"
+            break
+        timings.append(exchange.end)
+        previous = exchange.json()["id"]
+    connection.close()
+    early = statistics.median(timings[1:12]) if len(timings) >= 12 else None
+    late = statistics.median(timings[-11:]) if len(timings) >= 23 else None
+    return {"turns": turns, "completed_turns": len(timings), "failure": failure,
+            "early_turns": "2-12", "late_turns": f"{len(timings) - 10}-{len(timings)}",
+            "early_ms": early * 1000 if early else None, "late_ms": late * 1000 if late else None,
+            "late_over_early": late / early if early and late else None,
+            "timings_ms": [round(t * 1000, 3) for t in timings]}

@@ -1,0 +1,66 @@
+"""The proxy benchmark's report, from made-up samples: added figures are ors minus direct,
+targets are judged as documented, and the table and the plot are produced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import proxy_report
+from bench.proxy_load import Samples
+
+
+def _samples(ms: float, *, per_s: float, cpu_ms: float) -> Samples:
+    count = 100
+    seconds = [ms / 1000] * count
+    return Samples(latency=seconds, first_byte=seconds, first_text=seconds, requests=count,
+                   wall_s=count / per_s, cpu_s=cpu_ms * count / 1000)
+
+
+def _raw() -> dict[str, object]:
+    phases = {}
+    for phase in ("c1", "c16", "c64"):
+        blocks = {}
+        for fmt in ("json", "sse"):
+            blocks[f"{fmt}/direct"] = _samples(0.5, per_s=1000, cpu_ms=0.1)
+            blocks[f"{fmt}/stored"] = _samples(2.0, per_s=50, cpu_ms=10)  # +1.5 ms, 5% of direct
+            blocks[f"{fmt}/unstored"] = _samples(1.0, per_s=200, cpu_ms=3)  # +0.5 ms, 20% of direct
+        phases[phase] = blocks
+    streams = {"streams": 10, "hold_s": 1.0, "wall_s": 2.0, "received_text": 10, "ended_with_terminal_event": 9,
+               "terminal_events": {"completed": 8, "failed": 1}, "failure_codes": {"upstream_timeout": 1}, "cut": 1,
+               "errors": {}, "open_with_text_at_once": 10, "rss_mib_before": 100.0, "rss_mib_peak": 120.0,
+               "rss_mib_after": 110.0, "rss_mib_timeline": [(0.0, 100.0), (0.1, 120.0)],
+               "open_with_text_timeline": [(0.0, 0), (0.1, 10)]}
+    chained = {"turns": 30, "completed_turns": 30, "failure": None, "early_turns": "2-12", "late_turns": "20-30",
+               "early_ms": 10.0, "late_ms": 12.0, "late_over_early": 1.2, "timings_ms": [10.0] * 30}
+    return {"phases": phases, "streams": streams, "chain": chained}
+
+
+def test_added_figures_and_targets() -> None:
+    report = proxy_report.summarize(_raw(), {"plan": {"rounds": 1, "latency_requests": 100,
+                                                      "throughput_requests": 100}})
+    added = report["added"]["json/stored"]
+    assert added["p50_ms"] == pytest.approx(1.5)
+    assert added["share_c16"] == pytest.approx(0.05)
+    assert report["added"]["sse/unstored"]["first_text_ms"] == pytest.approx(0.5)
+    assert report["cpu_ms_per_request"]["json/stored"] == pytest.approx(10)
+    met = {target["name"]: target["met"] for target in report["targets"]}
+    assert met["added p50, json stored (ms)"] and met["added p50, json store:false (ms)"]
+    assert not met["req/s at c=16 as a share of direct, json stored"]
+    assert met["req/s at c=16 as a share of direct, json store:false"]
+    assert not met["streams completed (response.completed), of 10"]
+    assert met["streams open with text at once, of 10"]
+    assert met["turn 20-30 over turn 2-12 of a chain"]
+
+
+def test_written_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(proxy_report, "RESULTS", tmp_path)
+    report = proxy_report.summarize(_raw(), {"plan": {"rounds": 1, "latency_requests": 100,
+                                                      "throughput_requests": 100}})
+    stem = proxy_report.write(report)
+    assert json.loads(stem.with_suffix(".json").read_text())["added"]["json/stored"]["p50_ms"] == pytest.approx(1.5)
+    assert stem.with_suffix(".png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "json store:false" in printed and "1 cut" in printed and "targets met" in printed

@@ -15,7 +15,8 @@ Two kinds:
 
 ``running_scripted_upstream()``
     A scripted stand-in, for faults no real server produces on demand (a connection cut
-    mid-stream, an error object mid-stream, 429, split tool-call deltas, ...). Each call to
+    mid-stream, an error object mid-stream, 429, split tool-call deltas, a Responses stream
+    without sequence numbers or with final items that differ from the streamed ones, ...). Each call to
     :meth:`ScriptedUpstream.stream` or :meth:`ScriptedUpstream.respond` registers one reply and
     returns a fresh model name; a request for that model gets that reply. Requests are
     recorded, and so are clients that go away before a reply finished.
@@ -304,9 +305,13 @@ class _Reply:
     steps: tuple[Step, ...]
 
 
+_GENERATING = ("/v1/chat/completions", "/v1/responses")
+
+
 @dataclass
 class ScriptedUpstream:
-    """An ASGI app answering ``POST /v1/chat/completions`` from scripts (see the module doc)."""
+    """An ASGI app answering ``POST /v1/chat/completions`` (and ``POST /v1/responses``, for
+    a Responses upstream that gets things wrong on demand) from scripts (see the module doc)."""
 
     base_url: str = ""
     requests: list[RecordedRequest] = field(default_factory=list)
@@ -362,9 +367,9 @@ class ScriptedUpstream:
             models = [{"id": name, "object": "model", "owned_by": "scripted"} for name in self._replies]
             listing = {"object": "list", "data": models}
             reply = _Reply(200, "application/json", (json.dumps(listing),))
-        elif scope["method"] == "POST" and scope["path"] == "/v1/chat/completions" and model in self._replies:
+        elif scope["method"] == "POST" and scope["path"] in _GENERATING and model in self._replies:
             reply = self._reply_for(model)
-        elif scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+        elif scope["method"] == "POST" and scope["path"] in _GENERATING:
             missing = {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError"}}
             reply = _Reply(404, "application/json", (json.dumps(missing),))
         else:

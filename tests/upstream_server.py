@@ -296,6 +296,8 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+    peer: Any = None
+    """The client's address: the same for requests over one kept-alive connection."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +363,7 @@ class ScriptedUpstream:
                 break
         body = json.loads(raw) if raw else None
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-        self.requests.append(RecordedRequest(scope["method"], scope["path"], headers, body))
+        self.requests.append(RecordedRequest(scope["method"], scope["path"], headers, body, scope.get("client")))
         model = body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None
         if scope["method"] == "GET" and scope["path"] == "/v1/models":
             models = [{"id": name, "object": "model", "owned_by": "scripted"} for name in self._replies]

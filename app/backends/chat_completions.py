@@ -167,12 +167,14 @@ class ChatCompletionsBackend(HttpUpstream):
                     for delta in decoder.feed_whole(await read_capped(response, None)):
                         yield delta
                     return
+                # After [DONE], read on to the end of the body: only a response read to its
+                # end gives its connection back to the pool, to be kept alive.
                 async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
                     async for event, data in events:
+                        if decoder.done:
+                            continue
                         for delta in decoder.feed_event(event, data):
                             yield delta
-                        if decoder.done:
-                            return
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (always streaming)."""

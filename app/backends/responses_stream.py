@@ -78,6 +78,8 @@ class _Item:
     """One upstream output item, as far as it was streamed."""
 
     kind: str
+    index: int | None = None
+    """Its ``output_index``, once an event has said it."""
     item_id: str | None = None
     sent: list[str] = field(default_factory=list)
     """Text (or reasoning) already handed on."""
@@ -112,9 +114,10 @@ class ResponsesEventDecoder:
     # -- input -------------------------------------------------------------------------------
 
     def feed_event(self, event: str, data: str) -> list[Delta]:
-        """One SSE event. ``[DONE]`` before a terminal event means the stream was cut."""
+        """One SSE event. ``[DONE]`` before a terminal event means the stream was cut;
+        anything after the terminal event is ignored."""
         self.received = True
-        if data == "[DONE]" or not data.strip():
+        if self.done or data == "[DONE]" or not data.strip():
             return []
         payload = json_object(data.encode())
         kind = payload.get("type") if isinstance(payload.get("type"), str) else event
@@ -169,11 +172,16 @@ class ResponsesEventDecoder:
             found = self._by_id.get(item_id)
         if found is None and index is None and item_id is None and self._order and self._order[-1].kind == kind:
             found = self._order[-1]
+        if found is None:  # an item streamed with neither index nor id, now named
+            found = next((item for item in self._order
+                          if item.index is None and item.item_id is None and item.kind == kind and not item.settled),
+                         None)
         if found is None:
             found = _Item(kind=kind, item_id=item_id)
             self._order.append(found)
-            if index is not None:
-                self._items[index] = found
+        if index is not None and found.index is None:
+            found.index = index
+            self._items.setdefault(index, found)
         if item_id is not None and found.item_id is None:
             found.item_id = item_id
         if found.item_id is not None:

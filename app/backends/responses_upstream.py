@@ -120,12 +120,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
                     for delta in decoder.feed_whole(await read_capped(response, None)):
                         yield delta
                     return
+                # Read to the end of the body even after the terminal event (the decoder
+                # ignores what follows): only a response read to its end gives its
+                # connection back to the pool, to be kept alive for the next turn.
                 async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
                     async for event, data in events:
                         for delta in decoder.feed_event(event, data):
                             yield delta
-                        if decoder.done:
-                            return
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless and streaming."""

@@ -298,3 +298,19 @@ async def test_an_unreachable_upstream() -> None:
         await collect(adapter, ask("m"))
     assert caught.value.code == "upstream_unavailable"
     await adapter.aclose()
+
+
+async def test_items_streamed_without_index_or_id_meet_their_final_form(backend: ResponsesUpstreamBackend,
+                                                                        upstream: ScriptedUpstream) -> None:
+    model = upstream.stream(
+        {"type": "response.output_text.delta", "delta": "Hel"},
+        {"type": "response.output_text.delta", "delta": "lo"},
+        completed([message("Hello!")]),
+    )
+    assert joined(await collect(backend, ask(model))) == "Hello!"
+
+
+async def test_events_after_the_terminal_one_are_ignored(backend: ResponsesUpstreamBackend,
+                                                         upstream: ScriptedUpstream) -> None:
+    model = upstream.stream(text("Hi"), completed(), text(" again"), DONE)
+    assert joined(await collect(backend, ask(model))) == "Hi"

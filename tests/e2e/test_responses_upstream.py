@@ -48,11 +48,13 @@ def weather(request: GenerationRequest) -> list[Delta]:
 
 
 class Recorder:
-    """Records the JSON bodies POSTed to the upstream (ASGI middleware of the test)."""
+    """Records the JSON bodies POSTed to the upstream, and the address each came from
+    (ASGI middleware of the test)."""
 
-    def __init__(self, app: Any, bodies: list[dict[str, Any]]) -> None:
+    def __init__(self, app: Any, bodies: list[dict[str, Any]], peers: list[Any]) -> None:
         self.app = app
         self.bodies = bodies
+        self.peers = peers
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -65,6 +67,7 @@ class Recorder:
             if not message.get("more_body"):
                 break
         self.bodies.append(json.loads(b"".join(m.get("body", b"") for m in messages)))
+        self.peers.append(tuple(scope["client"]))
         replay = iter(messages)
 
         async def again() -> dict[str, Any]:
@@ -73,16 +76,19 @@ class Recorder:
         await self.app(scope, again, send)
 
 
+RECORDED: list[dict[str, Any]] = []
+PEERS: list[Any] = []
+
+
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, list[dict[str, Any]]]]:
     """The second ors: a real server, generating with scripted models."""
     scripted = ScriptedBackend({"echo": echo, "weather": weather})
     app = create_app(Settings(data_dir=tmp_path_factory.mktemp("upstream-ors"), default_model="echo"),
                      backends=[scripted])
-    recorded: list[dict[str, Any]] = []
-    app.add_middleware(Recorder, bodies=recorded)
+    app.add_middleware(Recorder, bodies=RECORDED, peers=PEERS)
     server = LiveServer(app).start()
-    yield server, recorded
+    yield server, RECORDED
     server.stop()
 
 
@@ -115,6 +121,7 @@ def front(front_server: LiveServer) -> Iterator[Client]:
 def sent(upstream: tuple[LiveServer, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """What the upstream is sent during this test."""
     upstream[1].clear()
+    PEERS.clear()
     return upstream[1]
 
 
@@ -128,6 +135,12 @@ def test_a_turn_is_sent_statelessly(front: Client, sent: list[dict[str, Any]]) -
     assert body["model"] == "echo" and body["temperature"] == 0.5
     assert body["input"] == [{"type": "message", "role": "system", "content": "Be brief."},
                              {"type": "message", "role": "user", "content": "hello"}]
+
+
+def test_one_kept_alive_connection_serves_consecutive_turns(front: Client, sent: list[dict[str, Any]]) -> None:
+    front.create(input="one")
+    front.create(input="two")
+    assert len(PEERS) == 2 and PEERS[0] == PEERS[1]
 
 
 def test_the_front_stores_and_chains(front: Client, sent: list[dict[str, Any]]) -> None:

@@ -119,3 +119,11 @@ def test_models_lists_the_configured_ids(front: Client) -> None:
     listed = {m["id"]: m["owned_by"] for m in httpx.get(f"{front.http.base_url}/v1/models").json()["data"]}
     assert listed["beta-model"] == "beta" and listed["plain"] == "beta"
     assert listed["short-model"] == "upstream"
+
+
+def test_one_kept_alive_connection_per_upstream(front: Client, upstream: ScriptedUpstream) -> None:
+    answer(upstream, "again")
+    front.create(model="alpha/again", input="one")
+    front.create(model="alpha/again", input="two")
+    first, second = (request.peer for request in upstream.requests_for("again"))
+    assert first == second

@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     """The bearer key sent to the upstream."""
     upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """If set, only these model ids are routed upstream (others are ``model_not_found``)."""
+    config: Path | None = None
+    """A TOML file of named upstreams (Chat Completions or native Responses), each with
+    its base URL, key, wire API, exact model ids, id prefixes and dialect options (see
+    the README's Upstreams section); the ``upstream_*`` settings stay the one-upstream
+    shortcut beside it."""
 
     data_dir: Path = Path("data")
     """Where the store, the assembled model file and the generated secret key live."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -13,7 +14,7 @@ from fastapi import FastAPI
 from app.backends.base import Backend
 from app.config import Settings
 from app.metrics import Metrics
-from app.engine.models import ModelRouter
+from app.engine.models import ModelRouter, Route
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.engine.engine import Engine
@@ -26,15 +27,16 @@ from app.transport.errors import install_error_handlers
 from app.transport.guards import Cors, Guards, exposure_problem, is_loopback
 from app.transport.http import install_routes
 from app.transport.ratelimit import rate_limiter
+from app.upstreams_config import UpstreamSpec
 
 log = logging.getLogger("ors")
 
 
 def default_backends(settings: Settings) -> list[Backend]:
-    """The embedded models, then the upstream when one is configured."""
+    """The embedded models (upstreams are routes: :func:`upstream_routes`)."""
     from app.backends.local import LocalBackend
 
-    backends: list[Backend] = [
+    return [
         LocalBackend(
             cache_dir=settings.data_dir,
             n_threads=settings.model_threads,
@@ -47,17 +49,41 @@ def default_backends(settings: Settings) -> list[Backend]:
             server_binary=settings.llama_server,
         )
     ]
-    if settings.upstream_url:
-        from app.backends.chat_completions import ChatCompletionsBackend
 
-        backends.append(
-            ChatCompletionsBackend(
-                base_url=settings.upstream_url,
-                api_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
-                models=settings.upstream_models or None,
-            )
+
+def upstream_routes(settings: Settings) -> list[Route]:
+    """One route per upstream: those of ``ORS_CONFIG``, then the ``ORS_UPSTREAM_*``
+    shortcut. Each upstream is one backend (one kept-alive HTTP client) of its wire API.
+    Raises ``ValueError`` (``UpstreamsConfigError``) naming what is wrong."""
+    from app.upstreams_config import load_upstreams, shortcut_upstream
+
+    specs = load_upstreams(settings.config) if settings.config is not None else []
+    if settings.upstream_url:
+        key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        specs.append(shortcut_upstream(settings.upstream_url, key, settings.upstream_models))
+    return [
+        Route(
+            name=spec.name,
+            backend=upstream_backend(spec),
+            models=spec.models,
+            prefixes=spec.prefixes,
+            strip_prefix=spec.strip_prefix,
+            list_models=spec.list_models,
         )
-    return backends
+        for spec in specs
+    ]
+
+
+def upstream_backend(spec: UpstreamSpec) -> Backend:
+    """The adapter of an upstream's wire API, with its dialect options."""
+    options = dataclasses.asdict(spec.dialect)
+    if spec.wire_api == "responses":
+        from app.backends.responses_upstream import ResponsesUpstreamBackend
+
+        return ResponsesUpstreamBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, **options)
+    from app.backends.chat_completions import ChatCompletionsBackend
+
+    return ChatCompletionsBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, **options)
 
 
 def _preload(settings: Settings) -> list[str]:
@@ -68,12 +94,15 @@ def _preload(settings: Settings) -> list[str]:
 
 
 def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None) -> FastAPI:
-    """Build the application. ``backends`` replaces the default set (tests use it to add
-    the scripted backend); they are started and closed with the app, and so is the
-    response store."""
-    chosen = list(backends) if backends is not None else default_backends(settings)
+    """Build the application. ``backends`` replaces the embedded models (tests use it to
+    add the scripted backend); the upstreams of the settings are routed beside them. All
+    are started and closed with the app, and so is the response store. A configuration
+    that cannot be used (the upstreams file, a key entry) raises ``ValueError``."""
+    own = list(backends) if backends is not None else default_backends(settings)
+    routes = upstream_routes(settings)
+    chosen = [*own, *(route.backend for route in routes)]
     engine = Engine(
-        ModelRouter(chosen, settings.default_model, settings.model_aliases),
+        ModelRouter(own, settings.default_model, settings.model_aliases, routes),
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,

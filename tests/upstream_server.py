@@ -15,7 +15,8 @@ Two kinds:
 
 ``running_scripted_upstream()``
     A scripted stand-in, for faults no real server produces on demand (a connection cut
-    mid-stream, an error object mid-stream, 429, split tool-call deltas, ...). Each call to
+    mid-stream, an error object mid-stream, 429, split tool-call deltas, a Responses stream
+    without sequence numbers or with final items that differ from the streamed ones, ...). Each call to
     :meth:`ScriptedUpstream.stream` or :meth:`ScriptedUpstream.respond` registers one reply and
     returns a fresh model name; a request for that model gets that reply. Requests are
     recorded, and so are clients that go away before a reply finished.
@@ -295,6 +296,8 @@ class RecordedRequest:
     path: str
     headers: dict[str, str]
     body: Any
+    peer: Any = None
+    """The client's address: the same for requests over one kept-alive connection."""
 
 
 @dataclass(frozen=True)
@@ -304,9 +307,13 @@ class _Reply:
     steps: tuple[Step, ...]
 
 
+_GENERATING = ("/v1/chat/completions", "/v1/responses")
+
+
 @dataclass
 class ScriptedUpstream:
-    """An ASGI app answering ``POST /v1/chat/completions`` from scripts (see the module doc)."""
+    """An ASGI app answering ``POST /v1/chat/completions`` (and ``POST /v1/responses``, for
+    a Responses upstream that gets things wrong on demand) from scripts (see the module doc)."""
 
     base_url: str = ""
     requests: list[RecordedRequest] = field(default_factory=list)
@@ -356,15 +363,15 @@ class ScriptedUpstream:
                 break
         body = json.loads(raw) if raw else None
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope["headers"]}
-        self.requests.append(RecordedRequest(scope["method"], scope["path"], headers, body))
+        self.requests.append(RecordedRequest(scope["method"], scope["path"], headers, body, scope.get("client")))
         model = body.get("model") if isinstance(body, dict) and isinstance(body.get("model"), str) else None
         if scope["method"] == "GET" and scope["path"] == "/v1/models":
             models = [{"id": name, "object": "model", "owned_by": "scripted"} for name in self._replies]
             listing = {"object": "list", "data": models}
             reply = _Reply(200, "application/json", (json.dumps(listing),))
-        elif scope["method"] == "POST" and scope["path"] == "/v1/chat/completions" and model in self._replies:
+        elif scope["method"] == "POST" and scope["path"] in _GENERATING and model in self._replies:
             reply = self._reply_for(model)
-        elif scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+        elif scope["method"] == "POST" and scope["path"] in _GENERATING:
             missing = {"error": {"message": f"The model `{model}` does not exist.", "type": "NotFoundError"}}
             reply = _Reply(404, "application/json", (json.dumps(missing),))
         else:

@@ -49,48 +49,51 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 
 from app.backends.base import (
-    Backend,
     ChatMessage,
     Delta,
     GenerationRequest,
-    ModelInfo,
     OutputFormat,
     ToolPolicy,
     ToolSpec,
 )
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
 from app.backends.chat_stream import ChunkDecoder, sse_events
-from app.errors import ModelError, ORSError
+from app.backends.upstream_http import DEFAULT_LIMITS, DEFAULT_TIMEOUT, HttpUpstream
+from app.errors import ModelError
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
-"""Connect fast or fail; a stream may stay silent for minutes while a model thinks."""
-DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=4.0)
-"""Idle connections are dropped before the 5 s keep-alive timeout of uvicorn- and Node-based servers."""
-MODEL_LIST_TTL = 30.0
-"""Seconds a fetched upstream model list is reused."""
 
 TokenLimitField = Literal["max_tokens", "max_completion_tokens"]
 SchemaStyle = Literal["json_schema", "json_object_schema"]
 
 
-class ChatCompletionsBackend(Backend):
-    """Serves models from one OpenAI-compatible upstream.
+@dataclass(frozen=True)
+class ChatDialect:
+    """The dialect options of a Chat Completions upstream (see the module docstring), by
+    the names of :class:`ChatCompletionsBackend`'s keyword arguments: the options a
+    configuration file's ``[upstreams.NAME.dialect]`` table may set, and their defaults."""
 
-    ``models``: an optional allow-list. Without it the backend serves every model id (the app
-    routes only the ids no local backend claims) and :meth:`fetch_models` reports what the
-    upstream lists. ``client``: an injected ``httpx.AsyncClient``, used as is and never closed
-    here; otherwise the backend owns one client, opened by :meth:`start` (or on first use) and
-    closed by :meth:`aclose`. Its pooled connections belong to the event loop that opened
-    them, so one backend serves one loop.
+    token_limit_field: TokenLimitField = "max_tokens"
+    """Which field carries ``max_output_tokens``."""
+    schema_style: SchemaStyle = "json_schema"
+    """How a JSON Schema output format is asked for."""
+    replay_reasoning: bool = False
+    """Send prior reasoning back as ``reasoning_content`` on assistant messages."""
+
+
+class ChatCompletionsBackend(HttpUpstream):
+    """Serves models from one OpenAI-compatible Chat Completions upstream.
+
+    The address, key, allow-list (``models``), client and model list are
+    :class:`~app.backends.upstream_http.HttpUpstream`'s; the dialect options are
+    :class:`ChatDialect`'s.
     """
 
     def __init__(
@@ -103,79 +106,16 @@ class ChatCompletionsBackend(Backend):
         timeout: httpx.Timeout = DEFAULT_TIMEOUT,
         limits: httpx.Limits = DEFAULT_LIMITS,
         headers: Mapping[str, str] | None = None,
-        token_limit_field: TokenLimitField = "max_tokens",
-        schema_style: SchemaStyle = "json_schema",
-        replay_reasoning: bool = False,
+        token_limit_field: TokenLimitField = ChatDialect.token_limit_field,
+        schema_style: SchemaStyle = ChatDialect.schema_style,
+        replay_reasoning: bool = ChatDialect.replay_reasoning,
         owned_by: str = "upstream",
     ) -> None:
-        url = httpx.URL(base_url)
-        if url.scheme not in ("http", "https") or not url.host:
-            raise ValueError(f"the upstream base URL must be an http(s) URL, got {base_url!r}")
-        self.base_url = str(url).rstrip("/")
-        self.allowed_models = tuple(models) if models is not None else None
+        super().__init__(base_url, api_key=api_key, models=models, client=client, timeout=timeout, limits=limits,
+                         headers=headers, owned_by=owned_by)
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
-        self.owned_by = owned_by
-        self._headers = dict(headers or {})
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        self._timeout = timeout
-        self._limits = limits
-        self._client = client
-        self._owns_client = client is None
-        self._model_list: list[ModelInfo] | None = None
-        self._model_list_at = 0.0
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        self._http()
-
-    async def aclose(self) -> None:
-        if self._owns_client and self._client is not None:
-            client, self._client = self._client, None
-            await client.aclose()
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=self._limits, follow_redirects=False)
-        return self._client
-
-    # -- models ------------------------------------------------------------------------------
-
-    def models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=name, owned_by=self.owned_by) for name in self.allowed_models or ()]
-
-    def serves(self, model: str) -> bool:
-        return self.allowed_models is None or model in self.allowed_models
-
-    async def available_models(self) -> list[ModelInfo]:
-        return await self.fetch_models()
-
-    async def fetch_models(self) -> list[ModelInfo]:
-        """The upstream's ``GET /models``, filtered by the allow-list; best effort.
-
-        A fresh answer is reused for :data:`MODEL_LIST_TTL` seconds. If the upstream cannot
-        answer, the last good list (or :meth:`models`) is returned and nothing is raised.
-        """
-        now = time.monotonic()
-        if self._model_list is not None and now - self._model_list_at < MODEL_LIST_TTL:
-            return list(self._model_list)
-        url = f"{self.base_url}/models"
-        try:
-            with upstream_errors(url):
-                response = await self._http().get(url, headers=self._headers, timeout=10.0)
-                if response.status_code != 200:
-                    raise error_for_status(response.status_code, response.content, model="", url=url)
-            listed = _model_infos(response.json(), self.owned_by)
-        except (ORSError, ValueError) as exc:
-            logger.warning("could not list the models of the upstream at %s: %s", url, exc)
-            return list(self._model_list) if self._model_list is not None else self.models()
-        if self.allowed_models is not None:
-            listed = [info for info in listed if info.id in self.allowed_models]
-        self._model_list, self._model_list_at = listed, now
-        return list(listed)
 
     # -- generation --------------------------------------------------------------------------
 
@@ -227,15 +167,14 @@ class ChatCompletionsBackend(Backend):
                     for delta in decoder.feed_whole(await read_capped(response, None)):
                         yield delta
                     return
+                # After [DONE], read on to the end of the body: only a response read to its
+                # end gives its connection back to the pool, to be kept alive.
                 async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
                     async for event, data in events:
+                        if decoder.done:
+                            continue
                         for delta in decoder.feed_event(event, data):
                             yield delta
-                        if decoder.done:
-                            return
-
-    def _stream_headers(self) -> dict[str, str]:
-        return {**self._headers, "Accept": "text/event-stream"}
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (always streaming)."""
@@ -329,20 +268,3 @@ def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = ()) -> str | di
         return "required"
     return None
 
-
-def _model_infos(listing: Any, owned_by: str) -> list[ModelInfo]:
-    entries = listing.get("data") if isinstance(listing, dict) else None
-    if not isinstance(entries, list):
-        raise ValueError("the upstream model list has no 'data' array")
-    infos = []
-    for entry in entries:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-            window = entry.get("max_model_len")
-            infos.append(
-                ModelInfo(
-                    id=entry["id"],
-                    owned_by=entry.get("owned_by") if isinstance(entry.get("owned_by"), str) else owned_by,
-                    context_window=window if isinstance(window, int) else None,
-                )
-            )
-    return infos

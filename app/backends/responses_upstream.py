@@ -1,0 +1,231 @@
+"""A backend that forwards generation to an upstream that speaks Open Responses / OpenAI
+Responses natively (``POST {base_url}/responses``): Ollama, vLLM, LM Studio, OpenAI, or
+another ors.
+
+The upstream is used statelessly: every turn sends the whole conversation (the
+:class:`GenerationRequest`'s messages turned back into Responses input items) with
+``stream: true`` and ``store: false``, and never a ``previous_response_id``. What the
+client gets on top of it (storage and ``previous_response_id``, the WebSocket mode,
+compaction, the replay gate, the tool-policy and output-format guards) is this server's,
+as for any backend: the upstream only generates. Its stream is read for meaning by
+:mod:`app.backends.responses_stream` and becomes the delta vocabulary; the client's
+events are then made by the builder, so they are conformant whatever the upstream sends
+(missing ``sequence_number``s, missing fields, final items that differ from the streamed
+ones: see that module). Failures are mapped by :mod:`app.backends.responses_errors`.
+
+The conversion back to items (:func:`input_items`): ``system``/``developer``/``user``
+messages become ``message`` items with string content; an assistant message becomes an
+``output_text`` message (with its ``phase``), then one ``function_call`` item per call; a
+tool message a ``function_call_output``. Prior reasoning is sent back (a ``reasoning``
+item with ``reasoning_text`` content, before the assistant's message) only with the
+dialect option ``replay_reasoning``: upstreams that did not produce the reasoning
+themselves may refuse it. Content a text-only conversation does not carry (images, files)
+reaches the upstream as the engine's markers, as for every backend.
+
+One retry, invisible to the consumer, when the connection breaks before the upstream sent
+a single event (a pooled keep-alive connection the server had just closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
+from app.backends.chat_errors import ERROR_BODY_LIMIT, read_capped, upstream_errors
+from app.backends.chat_stream import sse_events
+from app.backends.responses_errors import http_error
+from app.backends.responses_stream import ResponsesEventDecoder
+from app.backends.upstream_http import DEFAULT_LIMITS, DEFAULT_TIMEOUT, HttpUpstream
+from app.errors import ModelError
+
+logger = logging.getLogger(__name__)
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+@dataclass(frozen=True)
+class ResponsesDialect:
+    """The dialect options of a Responses upstream, by the names of
+    :class:`ResponsesUpstreamBackend`'s keyword arguments (and of a configuration file's
+    ``[upstreams.NAME.dialect]`` table)."""
+
+    replay_reasoning: bool = False
+    """Send prior reasoning back as ``reasoning`` items with ``reasoning_text`` content."""
+    hold_text: bool = False
+    """Hold text and reasoning until each upstream item is final and send only the final
+    form (for an upstream whose streamed deltas cannot be trusted); off, text streams live."""
+
+
+class ResponsesUpstreamBackend(HttpUpstream):
+    """Serves models from one upstream's ``/v1/responses`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        models: Sequence[str] | None = None,
+        client: httpx.AsyncClient | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+        headers: Mapping[str, str] | None = None,
+        replay_reasoning: bool = ResponsesDialect.replay_reasoning,
+        hold_text: bool = ResponsesDialect.hold_text,
+        owned_by: str = "upstream",
+    ) -> None:
+        super().__init__(base_url, api_key=api_key, models=models, client=client, timeout=timeout, limits=limits,
+                         headers=headers, owned_by=owned_by)
+        self.replay_reasoning = replay_reasoning
+        self.hold_text = hold_text
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream one upstream response as deltas, ending with exactly one ``Finish``.
+
+        Closing the generator closes the upstream HTTP response (the upstream stops for a
+        client that went away). A stream that ends before the upstream's terminal event
+        raises ``ModelError`` (``upstream_disconnected``)."""
+        url = f"{self.base_url}/responses"
+        payload = self.payload(request)
+        top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
+        for attempt in (1, 2):
+            decoder = ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs)
+            try:
+                async with contextlib.aclosing(self._attempt(url, payload, request.model, decoder)) as deltas:
+                    async for delta in deltas:
+                        yield delta
+            except ModelError as exc:
+                if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
+                    logger.info("retrying a request whose connection to %s broke before any event", url)
+                    continue
+                raise
+            break
+        yield decoder.finish()
+
+    async def _attempt(
+        self, url: str, payload: dict[str, Any], model: str, decoder: ResponsesEventDecoder
+    ) -> AsyncIterator[Delta]:
+        with upstream_errors(url):
+            async with self._http().stream("POST", url, json=payload, headers=self._stream_headers()) as response:
+                if not 200 <= response.status_code < 300:
+                    body = await read_capped(response, ERROR_BODY_LIMIT)
+                    raise http_error(response.status_code, body, model=model, url=url,
+                                     logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    for delta in decoder.feed_whole(await read_capped(response, None)):
+                        yield delta
+                    return
+                # Read to the end of the body even after the terminal event (the decoder
+                # ignores what follows): only a response read to its end gives its
+                # connection back to the pool, to be kept alive for the next turn.
+                async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
+                    async for event, data in events:
+                        for delta in decoder.feed_event(event, data):
+                            yield delta
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        """The ``POST /responses`` body for ``request``: stateless and streaming."""
+        body: dict[str, Any] = {
+            "model": request.model,
+            "input": input_items(request.messages, replay_reasoning=self.replay_reasoning),
+            "stream": True,
+            "store": False,
+        }
+        if request.tools:
+            # Every tool stays visible (a stable prompt prefix); the policy says which may be called.
+            body["tools"] = [_tool(spec) for spec in request.tools]
+            choice = _tool_choice(request.tool_policy, request.tools)
+            if choice is not None:
+                body["tool_choice"] = choice
+            if not request.tool_policy.parallel:
+                body["parallel_tool_calls"] = False
+            if request.tool_policy.max_calls is not None:
+                body["max_tool_calls"] = request.tool_policy.max_calls
+        sampling = request.sampling
+        optional = {
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "max_output_tokens": sampling.max_output_tokens,
+            "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "reasoning": {"effort": request.reasoning_effort} if request.reasoning_effort else None,
+            "text": _text(request.output_format),
+            "prompt_cache_key": request.cache_key,
+        }
+        body.update({key: value for key, value in optional.items() if value is not None})
+        if sampling.logprobs:
+            body.update(include=[LOGPROBS_INCLUDE], top_logprobs=sampling.top_logprobs or 0)
+        return body
+
+
+def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False) -> list[dict[str, Any]]:
+    """The conversation as Responses input items (see the module docstring)."""
+    items: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "tool":
+            items.append({"type": "function_call_output", "call_id": message.tool_call_id or "",
+                          "output": message.content})
+        elif message.role != "assistant":
+            items.append({"type": "message", "role": message.role, "content": message.content})
+        else:
+            if replay_reasoning and message.reasoning:
+                items.append({"type": "reasoning", "summary": [],
+                              "content": [{"type": "reasoning_text", "text": message.reasoning}]})
+            if message.content or not message.tool_calls:
+                said: dict[str, Any] = {
+                    "type": "message", "role": "assistant",
+                    "content": [{"type": "output_text", "text": message.content, "annotations": []}],
+                }
+                if message.phase is not None:
+                    said["phase"] = message.phase
+                items.append(said)
+            items += [
+                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+                for call in message.tool_calls
+            ]
+    return items
+
+
+def _tool(spec: ToolSpec) -> dict[str, Any]:
+    tool: dict[str, Any] = {
+        "type": "function",
+        "name": spec.name,
+        "parameters": spec.parameters if spec.parameters is not None else {"type": "object", "properties": {}},
+    }
+    if spec.description:
+        tool["description"] = spec.description
+    if spec.strict is not None:
+        tool["strict"] = spec.strict
+    return tool
+
+
+def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec]) -> str | dict[str, Any] | None:
+    """``None`` for plain ``auto`` (the default everywhere); a named function when exactly
+    one call is required of one tool; ``allowed_tools`` for a subset."""
+    if policy.mode == "none":
+        return "none"
+    if policy.mode == "required":
+        candidates = policy.allowed if policy.allowed is not None else tuple(tool.name for tool in tools)
+        if len(candidates) == 1:
+            return {"type": "function", "name": candidates[0]}
+    if policy.allowed is None:
+        return "required" if policy.mode == "required" else None
+    return {"type": "allowed_tools", "mode": policy.mode,
+            "tools": [{"type": "function", "name": name} for name in policy.allowed]}
+
+
+def _text(output: OutputFormat) -> dict[str, Any] | None:
+    if output.kind == "json_object":
+        return {"format": {"type": "json_object"}}
+    if output.kind != "json_schema":
+        return None
+    fmt: dict[str, Any] = {"type": "json_schema", "name": output.name or "output",
+                           "schema": output.schema or {"type": "object"}}
+    if output.strict is not None:
+        fmt["strict"] = output.strict
+    return {"format": fmt}

@@ -26,8 +26,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=30.0)
 """Connect fast or fail; a stream may stay silent for minutes while a model thinks."""
-DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=4.0)
-"""Idle connections are dropped before the 5 s keep-alive timeout of uvicorn- and Node-based servers."""
+DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=128, keepalive_expiry=4.0)
+"""Every response in flight has its own connection (a stream holds one for its whole
+life: a cap here made the 101st of 1,000 concurrent streams wait, then time out); up to
+128 idle ones are kept alive, and dropped before the 5 s keep-alive timeout of uvicorn-
+and Node-based servers. How many responses run at once is bounded where it should be:
+by the rate limits and the clients."""
 MODEL_LIST_TTL = 30.0
 """Seconds a fetched upstream model list is reused."""
 

@@ -148,6 +148,8 @@ class Turn:
         self._started_at = 0.0
         self._first_output_at: float | None = None
         self._opened = False
+        self._deferred: NewResponse | None = None
+        self._defer = False
 
     @property
     def id(self) -> str:
@@ -378,6 +380,13 @@ class Turn:
             await self._record_begin()
             self._opened = True
 
+    def defer_recording(self) -> None:
+        """Record this response once, whole, when it ends (``store.record``: one
+        transaction instead of two) instead of at its start too. Only for a response
+        nobody can see before it ends: a plain JSON answer, whose id is first given out
+        with the response itself. Call before the turn runs."""
+        self._defer = True
+
     async def discard(self) -> None:
         """End a turn that was opened but never driven (its client left before the
         stream began) as a client leaving ends one: ``incomplete``, recorded. Nothing
@@ -395,21 +404,23 @@ class Turn:
         if self.store is None:
             return
         resource = self.builder.response
-        await self.store.begin(
-            NewResponse(
-                id=self.id,
-                tenant=self.tenant,
-                status=resource.status,
-                created_at=resource.created_at,
-                model=resource.model,
-                previous_response_id=resource.previous_response_id,
-                instructions=resource.instructions,
-                tools=self.tools,
-                resource=resource.model_dump(mode="json"),
-                input_items=self.input_items,
-                background=resource.background,
-            )
+        begun = NewResponse(
+            id=self.id,
+            tenant=self.tenant,
+            status=resource.status,
+            created_at=resource.created_at,
+            model=resource.model,
+            previous_response_id=resource.previous_response_id,
+            instructions=resource.instructions,
+            tools=self.tools,
+            resource=resource.model_dump(mode="json"),
+            input_items=self.input_items,
+            background=resource.background,
         )
+        if self._defer:
+            self._deferred = begun  # written with the end, by _record_end
+            return
+        await self.store.begin(begun)
 
     async def _record_status(self) -> None:
         if self.store is not None:
@@ -426,13 +437,13 @@ class Turn:
             return
         self._recorded_end = True
         resource = self.builder.response
+        final = resource.model_dump(mode="json")
+        output = [item.model_dump(mode="json") for item in resource.output]
+        events = [emitted.data for emitted in self.emitted]
         try:
-            await self.store.finish(
-                self.tenant,
-                self.id,
-                resource.model_dump(mode="json"),
-                [item.model_dump(mode="json") for item in resource.output],
-                [emitted.data for emitted in self.emitted],
-            )
+            if self._deferred is not None:
+                await self.store.record(self._deferred, final, output, events)
+            else:
+                await self.store.finish(self.tenant, self.id, final, output, events)
         except Exception:
             log.exception("could not record the end of response %s", self.id)

@@ -135,6 +135,16 @@ class ResponseStore(abc.ABC):
         :class:`StoreConflict`; finishing a response that was cancelled or deleted
         meanwhile leaves it as it is and writes nothing."""
 
+    async def record(
+        self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
+    ) -> None:
+        """:meth:`begin` and :meth:`finish` of a response in one transaction: for a
+        response nobody could see before it ended (a plain JSON answer: its id is first
+        given out with the response itself), half the writes and one commit instead of
+        two. The same checks as the two apply."""
+        await self.begin(response)
+        await self.finish(response.tenant, response.id, resource, output_items, events)
+
     @abc.abstractmethod
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
         """Record the client's cancel of a response that has not finished, wherever it

@@ -202,9 +202,31 @@ class SqlResponseStore(ResponseStore):
     # -- writes --------------------------------------------------------------------
 
     async def begin(self, response: NewResponse) -> None:
+        await self._write(self._begin_work(response))
+
+    async def finish(
+        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
+    ) -> None:
+        """Writes nothing if the response was cancelled or deleted meanwhile (the cancel
+        or the delete wins; the output of the run is dropped)."""
+        work = _finish_work(tenant, response_id, resource, output_items, await pack_events(events))
+        await self._write(work)
+
+    async def record(
+        self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
+    ) -> None:
+        begin = self._begin_work(response)
+        finish = _finish_work(response.tenant, response.id, resource, output_items, await pack_events(events))
+
+        def work(connection: Connection) -> None:
+            begin(connection)
+            finish(connection)
+
+        await self._write(work)
+
+    def _begin_work(self, response: NewResponse) -> Callable[[Connection], None]:
         if response.status not in NON_TERMINAL:
             raise ValueError(f"a response begins queued or in_progress, not {response.status!r}")
-        now = _now_ms()
         row = {
             "id": response.id,
             "tenant": response.tenant,
@@ -217,7 +239,7 @@ class SqlResponseStore(ResponseStore):
             "resource": response.resource,
             "background": response.background,
             "owner": self.instance_id,
-            "updated_at": now,
+            "updated_at": _now_ms(),
         }
         input_rows = _item_rows(response.id, "input", response.input_items)
 
@@ -230,13 +252,13 @@ class SqlResponseStore(ResponseStore):
                         f"Previous response with id '{previous}' not found.", param="previous_response_id"
                     )
             try:
-                connection.execute(insert(responses).values(row))
+                connection.execute(_INSERT_RESPONSE, row)
             except IntegrityError as error:
                 raise StoreConflict(f"Response '{response.id}' already exists.") from error
             if input_rows:
-                connection.execute(insert(items), input_rows)
+                connection.execute(_INSERT_ITEM, input_rows)
 
-        await self._write(work)
+        return work
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
         if status not in NON_TERMINAL and status != "cancelled":
@@ -253,35 +275,6 @@ class SqlResponseStore(ResponseStore):
             if status == "cancelled":
                 values["finished_at"] = now
             connection.execute(update(responses).where(responses.c.id == response_id).values(values))
-
-        await self._write(work)
-
-    async def finish(
-        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
-    ) -> None:
-        """Writes nothing if the response was cancelled or deleted meanwhile (the cancel
-        or the delete wins; the output of the run is dropped)."""
-        status = resource.get("status")
-        if status not in TERMINAL:
-            raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        output_rows = _item_rows(response_id, "output", output_items)
-        body = await pack_events(events)
-
-        def work(connection: Connection) -> None:
-            current = _lock_for_update(connection, tenant, response_id)
-            if current.deleted_at is not None or current.status == "cancelled":
-                return
-            if current.finished_at is not None:
-                raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-            if output_rows:
-                connection.execute(insert(items), output_rows)
-            connection.execute(insert(event_rows).values(response_id=response_id, body=body))
-            now = _now_ms()
-            connection.execute(
-                update(responses)
-                .where(responses.c.id == response_id)
-                .values(status=status, resource=resource, updated_at=now, finished_at=now)
-            )
 
         await self._write(work)
 
@@ -470,6 +463,39 @@ class SqlResponseStore(ResponseStore):
 
 
 # -- statements ------------------------------------------------------------------------
+
+_INSERT_RESPONSE = insert(responses)
+_INSERT_ITEM = insert(items)
+_INSERT_EVENTS = insert(event_rows)
+"""Built once: SQLAlchemy compiles each once and reuses the compiled form."""
+
+
+def _finish_work(
+    tenant: str, response_id: str, resource: JSON, output_items: list[JSON], body: bytes
+) -> Callable[[Connection], None]:
+    status = resource.get("status")
+    if status not in TERMINAL:
+        raise ValueError(f"a finished response has a terminal status, not {status!r}")
+    output_rows = _item_rows(response_id, "output", output_items)
+
+    def work(connection: Connection) -> None:
+        current = _lock_for_update(connection, tenant, response_id)
+        if current.deleted_at is not None or current.status == "cancelled":
+            return
+        if current.finished_at is not None:
+            raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
+        if output_rows:
+            connection.execute(_INSERT_ITEM, output_rows)
+        connection.execute(_INSERT_EVENTS, {"response_id": response_id, "body": body})
+        now = _now_ms()
+        connection.execute(
+            update(responses)
+            .where(responses.c.id == response_id)
+            .values(status=status, resource=resource, updated_at=now, finished_at=now)
+        )
+
+    return work
+
 
 _STORED_COLUMNS = (
     responses.c.id,

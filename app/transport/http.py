@@ -27,20 +27,22 @@ from app.transport.sse import replay_events, stream_emitted, stream_turn
 log = logging.getLogger("ors.http")
 
 
-def get_engine(request: Request) -> Engine:
+# Dependencies are coroutines: FastAPI runs a plain function dependency in a worker
+# thread, a hop off the event loop for a dictionary lookup.
+async def get_engine(request: Request) -> Engine:
     return request.app.state.engine  # type: ignore[no-any-return]
 
 
-def get_tenant(request: Request) -> str:
+async def get_tenant(request: Request) -> str:
     authenticator: KeyAuthenticator = request.app.state.authenticator
     return authenticator.tenant(request.headers.get("authorization"))
 
 
-def get_live(request: Request) -> LiveTurns:
+async def get_live(request: Request) -> LiveTurns:
     return request.app.state.live  # type: ignore[no-any-return]
 
 
-def get_limiter(request: Request) -> RateLimiter:
+async def get_limiter(request: Request) -> RateLimiter:
     return request.app.state.limiter  # type: ignore[no-any-return]
 
 
@@ -113,6 +115,7 @@ async def create_response(
             await lease.release()
             raise
         return stream_turn(turn, drain, live, on_end=lease.release)
+    turn.defer_recording()  # nobody knows its id before the answer: one write, at the end
     async with lease:
         response = await _run_while_connected(request, turn, live)
     if response.status == "failed" and turn.error is not None:

@@ -73,3 +73,27 @@ async def test_a_cancelled_caller_does_not_cancel_its_write(new_store: NewStore,
     await first.close()  # lets queued writes finish
     second = await new_store()
     assert (await second.get(tenant, one.id)) is not None
+
+
+async def test_record_writes_a_whole_response_in_one_commit(store: SqlResponseStore, tenant: str) -> None:
+    one = new_response(tenant)
+    output = [assistant_message("whole")]
+    assert store._group is not None
+    before = store._group.batches
+    await store.record(one, final(one, output), output, events_of(one.id))
+    assert store._group.batches - before == 1
+    stored = await store.get(tenant, one.id)
+    assert stored is not None and stored.status == "completed"
+    links = await store.chain(tenant, one.id)
+    assert links is not None and links[0].input_items == one.input_items and links[0].output_items == output
+    assert await store.events(tenant, one.id) == events_of(one.id)
+
+
+async def test_record_of_a_continuation_whose_parent_is_gone_writes_nothing(
+    store: SqlResponseStore, tenant: str
+) -> None:
+    orphan = new_response(tenant, previous="resp_" + secrets.token_hex(8))
+    output = [assistant_message("lost")]
+    with pytest.raises(PreviousResponseNotFound):
+        await store.record(orphan, final(orphan, output), output, events_of(orphan.id))
+    assert await store.get(tenant, orphan.id) is None

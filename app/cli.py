@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from app import gate_cli, logs
+from compliance import __main__ as compliance_cli
 from app.config import Settings
 
 GRACEFUL_SHUTDOWN_SECONDS = 15
@@ -95,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_settings_flags(serve)
     serve.set_defaults(handler=_serve)
+    check = commands.add_parser(
+        "check",
+        help="run the conformance suite against any Open Responses endpoint",
+        description="Run the conformance suite (schema, stream and acceptance checks) against any "
+        "Open Responses endpoint; --report writes a JSON pass/fail record of the run.",
+    )
+    compliance_cli.add_arguments(check)
+    check.set_defaults(handler=compliance_cli.run_arguments)
     gate = commands.add_parser("gate", help="check a logged item list with the replay gate, offline")
     gate_cli.add_arguments(gate)
     gate.set_defaults(handler=gate_cli.run)

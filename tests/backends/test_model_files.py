@@ -151,3 +151,21 @@ def test_qwen_parts_assemble_into_the_known_file(qwen_cache_dir: Path) -> None:
     assert path == files.assembled_path(QWEN)
     assert path.stat().st_size == LOCAL_MODELS[QWEN].size
     assert path.with_name(path.name + ".verified").is_file()
+
+
+def test_assembly_logs_its_progress(split_model: ModelSpec, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.backends.model_files as model_files
+
+    monkeypatch.setattr(model_files, "_CHUNK", max(1, split_model.size // 20))  # many chunks for a tiny file
+    with caplog.at_level("INFO", logger="ors.models"):
+        files_for(split_model, tmp_path / "cache").path(split_model.id)
+    lines = [record.getMessage() for record in caplog.records if record.name == "ors.models"]
+    assert lines[0].startswith("assembling model 'fake-split'")
+    progress = [line for line in lines if "%" in line]
+    assert [line.split(": ")[1].split("%")[0] for line in progress] == [str(p) for p in range(10, 100, 10)]
+    assert lines[-1].startswith("assembled model 'fake-split' in")
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ors.models"):
+        files_for(split_model, tmp_path / "cache").path(split_model.id)  # already there: silent
+    assert not [r for r in caplog.records if r.name == "ors.models"]

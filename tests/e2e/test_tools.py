@@ -120,7 +120,10 @@ def test_openai_agents_run(server: LiveServer) -> None:
             instructions="Answer weather questions with the get_weather tool, then reply in one sentence.",
             tools=[get_weather],
             model=OpenAIResponsesModel(model=QWEN, openai_client=client),
-            model_settings=ModelSettings(temperature=0),  # greedy: the same run every time
+            # greedy, and the first turn must call a tool: batched decoding on a shared
+            # model is not bit-for-bit repeatable, so the call is not left to chance (the
+            # SDK resets tool_choice to auto after the call, so the agent can then answer)
+            model_settings=ModelSettings(temperature=0, tool_choice="required"),
         )
         result = await Runner.run(agent, "What is the weather in Paris?", max_turns=4)
         return str(result.final_output)

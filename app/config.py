@@ -132,6 +132,9 @@ class Settings(BaseSettings):
     compact JSON (400 ``invalid_tool_schema`` / ``invalid_json_schema``)."""
     max_schema_depth: int = Field(default=DEFAULT_MAX_SCHEMA_DEPTH, gt=0)
     """How deep objects and arrays may nest in each JSON Schema."""
+    history_cache_entries: int = Field(default=1024, ge=0)
+    """Conversations whose chain is kept in memory after their latest turn was recorded, so
+    the next turn does not reload and convert the whole chain (0: off)."""
 
     log_level: str = "info"
     """The log level (``debug``, ``info``, ``warning``, ``error``)."""

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from app.backends.base import Backend
 from app.config import Settings
 from app.metrics import Metrics
+from app.engine.history import HistoryCache
 from app.engine.models import ModelRouter, Route
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
@@ -108,6 +109,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         max_image_bytes=settings.max_image_bytes,
         limits=settings.request_limits(),
     )
+    engine.history_cache = HistoryCache(settings.history_cache_entries)
     metrics = engine.metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()])
     live = LiveTurns()
     drain = Drain()

@@ -27,7 +27,7 @@ from app.engine.compaction import compaction_context
 from app.engine.context import build_messages
 from app.engine.echo import initial_response
 from app.engine.gate import UnknownToolPolicy, gate
-from app.engine.history import History, HistorySource
+from app.engine.history import History, HistoryCache, HistorySource
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
 from app.engine.items import stored_form
 from app.engine.limits import RequestLimits, check_counts
@@ -76,6 +76,9 @@ class Engine:
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
         self.metrics = Metrics()
         """What the server counts; the app replaces it with the one ``/metrics`` reads."""
+        self.history_cache: HistoryCache | None = None
+        """Chains of responses recorded here, so a long conversation's next turn does not
+        reload it (see :mod:`app.engine.history`); set by the app."""
 
     async def prepare(
         self,
@@ -177,6 +180,15 @@ class Engine:
             raise InvalidRequest("This server cannot encrypt reasoning.", code="unsupported_include",
                                  param="include")
         stores = body.store is not False and self.store is not None
+        tools_json = [tool.model_dump(mode="json") for tool in initial.tools]
+        inputs_stored = [stored_form(item) for item in new_items]
+        on_recorded = None
+        if stores and self.history_cache is not None:
+            cache, response_id = self.history_cache, initial.id
+
+            def on_recorded(output: list[dict[str, Any]]) -> None:
+                cache.remember(tenant, response_id, past, tools_json, [*inputs_stored, *output])
+
         return Turn(
             body=body,
             backend=backend,
@@ -184,11 +196,12 @@ class Engine:
             initial=initial,
             tenant=tenant,
             store=self.store if stores else None,
-            input_items=[stored_form(item) for item in new_items],
-            tools=[tool.model_dump(mode="json") for tool in initial.tools],
+            input_items=inputs_stored,
+            tools=tools_json,
             error_events=error_events,
             seal_reasoning=_reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             metrics=self.metrics,
+            on_recorded=on_recorded,
         )
 
 

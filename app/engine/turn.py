@@ -120,9 +120,12 @@ class Turn:
         error_events: bool = True,
         seal_reasoning: Callable[[str], str] | None = None,
         metrics: Metrics | None = None,
+        on_recorded: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> None:
         self.body = body
         self.metrics = metrics
+        self.on_recorded = on_recorded
+        """Called with the output items (stored form) once the end is written."""
         self.backend = backend
         self.request = request
         self.initial = initial
@@ -442,8 +445,10 @@ class Turn:
         events = [emitted.data for emitted in self.emitted]
         try:
             if self._deferred is not None:
-                await self.store.record(self._deferred, final, output, events)
+                written = await self.store.record(self._deferred, final, output, events)
             else:
-                await self.store.finish(self.tenant, self.id, final, output, events)
+                written = await self.store.finish(self.tenant, self.id, final, output, events)
+            if written and self.on_recorded is not None:
+                self.on_recorded(output)
         except Exception:
             log.exception("could not record the end of response %s", self.id)

@@ -129,21 +129,21 @@ class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def finish(
         self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
-    ) -> None:
+    ) -> bool:
         """Record the end of a response (output items, final snapshot whose ``status`` is
-        terminal, serialized events) in one transaction. Finishing twice raises
-        :class:`StoreConflict`; finishing a response that was cancelled or deleted
-        meanwhile leaves it as it is and writes nothing."""
+        terminal, serialized events) in one transaction; ``True`` when written. Finishing
+        twice raises :class:`StoreConflict`; finishing a response that was cancelled or
+        deleted meanwhile leaves it as it is, writes nothing and returns ``False``."""
 
     async def record(
         self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
-    ) -> None:
+    ) -> bool:
         """:meth:`begin` and :meth:`finish` of a response in one transaction: for a
         response nobody could see before it ended (a plain JSON answer: its id is first
         given out with the response itself), half the writes and one commit instead of
         two. The same checks as the two apply."""
         await self.begin(response)
-        await self.finish(response.tenant, response.id, resource, output_items, events)
+        return await self.finish(response.tenant, response.id, resource, output_items, events)
 
     @abc.abstractmethod
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:

@@ -206,23 +206,23 @@ class SqlResponseStore(ResponseStore):
 
     async def finish(
         self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
-    ) -> None:
-        """Writes nothing if the response was cancelled or deleted meanwhile (the cancel
-        or the delete wins; the output of the run is dropped)."""
+    ) -> bool:
+        """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
+        (the cancel or the delete wins; the output of the run is dropped)."""
         work = _finish_work(tenant, response_id, resource, output_items, await pack_events(events))
-        await self._write(work)
+        return await self._write(work)
 
     async def record(
         self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
-    ) -> None:
+    ) -> bool:
         begin = self._begin_work(response)
         finish = _finish_work(response.tenant, response.id, resource, output_items, await pack_events(events))
 
-        def work(connection: Connection) -> None:
+        def work(connection: Connection) -> bool:
             begin(connection)
-            finish(connection)
+            return finish(connection)
 
-        await self._write(work)
+        return await self._write(work)
 
     def _begin_work(self, response: NewResponse) -> Callable[[Connection], None]:
         if response.status not in NON_TERMINAL:
@@ -472,16 +472,16 @@ _INSERT_EVENTS = insert(event_rows)
 
 def _finish_work(
     tenant: str, response_id: str, resource: JSON, output_items: list[JSON], body: bytes
-) -> Callable[[Connection], None]:
+) -> Callable[[Connection], bool]:
     status = resource.get("status")
     if status not in TERMINAL:
         raise ValueError(f"a finished response has a terminal status, not {status!r}")
     output_rows = _item_rows(response_id, "output", output_items)
 
-    def work(connection: Connection) -> None:
+    def work(connection: Connection) -> bool:
         current = _lock_for_update(connection, tenant, response_id)
         if current.deleted_at is not None or current.status == "cancelled":
-            return
+            return False
         if current.finished_at is not None:
             raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
         if output_rows:
@@ -493,6 +493,7 @@ def _finish_work(
             .where(responses.c.id == response_id)
             .values(status=status, resource=resource, updated_at=now, finished_at=now)
         )
+        return True
 
     return work
 

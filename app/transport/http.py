@@ -76,7 +76,7 @@ async def list_models(engine: EngineDep, _: TenantDep) -> dict[str, Any]:
 
 
 def history_for(engine: Engine, tenant: str) -> HistorySource:
-    return StoredHistory(engine.store, tenant) if engine.store is not None else NoHistory()
+    return StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None else NoHistory()
 
 
 @router.post("/v1/responses")

@@ -106,7 +106,7 @@ class Connection:
         self.live = live
         self.drain = drain
         self.max_seconds = max_seconds
-        fallback = StoredHistory(engine.store, tenant) if engine.store is not None else NoHistory()
+        fallback = StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None else NoHistory()
         self.history = ConnectionHistory(fallback)
         self.max_queued = max_queued
         self.frames: asyncio.Queue[str | None] = asyncio.Queue()

@@ -142,7 +142,9 @@ class Turn:
         self.emitted: list[Emitted] = []
         self.phase = TurnPhase.PREPARED
         self._changed = asyncio.Event()
-        """Set (and replaced) whenever an event is emitted or the turn ends."""
+        """Set (and replaced) whenever an event is emitted or the turn ends, if anyone
+        waits on it (``_watchers``): a turn nobody follows allocates nothing per event."""
+        self._watchers = 0
         self._ended = asyncio.Event()
         self._queue: asyncio.Queue[object] | None = None
         self._pump_task: asyncio.Task[None] | None = None
@@ -205,7 +207,7 @@ class Turn:
                 if isinstance(error, ORSError):
                     raise error
                 raise ServerError("The server could not start this response.")
-            await self._changed.wait()
+            await self._await_change(self._changed)
 
     async def wait_ended(self) -> None:
         """Until the turn's outcome is final (see :class:`TurnPhase`)."""
@@ -223,7 +225,16 @@ class Turn:
         self._ended.set()
         self._wake()
 
+    async def _await_change(self, changed: asyncio.Event) -> None:
+        self._watchers += 1
+        try:
+            await changed.wait()
+        finally:
+            self._watchers -= 1
+
     def _wake(self) -> None:
+        if not self._watchers:
+            return  # nobody waits; a watcher checks the state before it waits
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -370,7 +381,7 @@ class Turn:
                 index += 1
             if (self.finished or self.ended) and index >= len(self.emitted):
                 return
-            await changed.wait()
+            await self._await_change(changed)
 
     async def open(self) -> None:
         """Record the response's start (store: true), the one step of a turn that can

@@ -4,9 +4,11 @@
 
 Prints one line per check (``PASS name``, ``FAIL name: reason``, ``SKIP name: reason``)
 and exits with status 1 when any check fails, 0 otherwise. ``--report FILE`` also writes
-the run as JSON (the endpoint, the model, when, each check's status, reason and seconds,
-and the counts), one file per endpoint, for publishing a pass/fail index. The same
-command is ``ors check``.
+the run as JSON (the endpoint, the model, when, each check's status, reason, JSON path of
+the violation and seconds, and the counts), one file per endpoint, for publishing a
+pass/fail index. ``--json`` prints that record on standard output instead of the lines,
+with every check's requests and what the server answered; ``--html FILE`` writes the same
+as one self-contained page. The same command is ``ors check``.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from compliance import http_checks  # noqa: F401 - registers the HTTP checks
 from compliance import ws_checks  # noqa: F401 - registers the WebSocket checks
+from compliance.html_report import render
 from compliance.suite import REGISTRY, Outcome, SuiteConfig, run, run_concurrently, select
 
 
@@ -42,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--times", action="store_true", help="print each check's seconds and the wall time")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
     parser.add_argument("--report", type=Path, metavar="FILE", help="also write the run as JSON to FILE")
+    parser.add_argument("--json", action="store_true",
+                        help="print the run as JSON (with each check's requests and answers) instead of lines")
+    parser.add_argument("--html", type=Path, metavar="FILE",
+                        help="also write the run as one self-contained HTML page to FILE")
 
 
 def parse_arguments(argv: Sequence[str] | None, prog: str = "python -m compliance") -> argparse.Namespace:
@@ -88,18 +96,27 @@ def run_arguments(arguments: argparse.Namespace) -> int:
     for outcome in outcomes:
         seen.append(outcome)
         timing = f" ({outcome.seconds:.1f} s)" if arguments.times else ""
-        print(outcome.line() + timing, flush=True)
+        if not arguments.json:
+            print(outcome.line() + timing, flush=True)
         failed = failed or outcome.status == "FAIL"
     wall = time.monotonic() - started
-    if arguments.times:
+    if arguments.times and not arguments.json:
         print(f"wall time {wall:.1f} s", flush=True)
     if arguments.report is not None:
         arguments.report.write_text(json.dumps(report(config, seen, when, wall), indent=2) + "\n")
+    if arguments.json or arguments.html is not None:
+        full = report(config, seen, when, wall, exchanges=True)
+        if arguments.json:
+            print(json.dumps(full, indent=2, ensure_ascii=False), flush=True)
+        if arguments.html is not None:
+            arguments.html.write_text(render(full), encoding="utf-8")
     return 1 if failed else 0
 
 
-def report(config: SuiteConfig, outcomes: Sequence[Outcome], when: datetime.datetime, wall: float) -> dict[str, object]:
-    """One endpoint's run, as written by ``--report`` (no key is ever included)."""
+def report(config: SuiteConfig, outcomes: Sequence[Outcome], when: datetime.datetime, wall: float,
+           *, exchanges: bool = False) -> dict[str, Any]:
+    """One endpoint's run, as written by ``--report`` (no key is ever included); with
+    ``exchanges``, each check also carries what it sent and received (``--json``, ``--html``)."""
     counts = {status: sum(1 for o in outcomes if o.status == status) for status in ("PASS", "FAIL", "SKIP")}
     return {
         "endpoint": config.base_url,
@@ -111,7 +128,9 @@ def report(config: SuiteConfig, outcomes: Sequence[Outcome], when: datetime.date
         "skipped": counts["SKIP"],
         "conformant": counts["FAIL"] == 0 and counts["PASS"] > 0,
         "checks": [
-            {"name": o.name, "status": o.status, "reason": o.reason, "seconds": round(o.seconds, 2)}
+            {"name": o.name, "status": o.status, "reason": o.reason, "json_path": o.json_path,
+             "seconds": round(o.seconds, 2)}
+            | ({"exchanges": [exchange.as_json() for exchange in o.exchanges]} if exchanges else {})
             for o in sorted(outcomes, key=lambda o: o.name)
         ],
     }

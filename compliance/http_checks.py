@@ -164,7 +164,8 @@ def compact_missing_model(session: Session) -> None:
 def http_client(session: Session) -> httpx.Client:
     """The session's HTTP client."""
     return session.resource("http", lambda: httpx.Client(timeout=session.config.timeout,
-                                                         headers=session.config.headers()))
+                                                         headers=session.config.headers(),
+                                                         transport=session.recorder.http_transport()))
 
 
 def post(session: Session, path: str, body: dict[str, Any]) -> httpx.Response:

@@ -206,6 +206,21 @@ class Spec:
         return Draft202012Validator(schema, registry=self._registry)
 
 
+def with_items(spec: Spec, items: Mapping[str, Mapping[str, Any]]) -> Spec:
+    """``spec`` with further item schemas in its item union (``ItemField``), for judging
+    a server's documented superset items (``name`` to schema) by every other rule of the
+    spec: in responses, in events, in the stream's lifecycle. A name the spec already
+    has is a ``ValueError``: a superset adds, it never redefines."""
+    document = copy.deepcopy(dict(spec.document))
+    schemas = document["components"]["schemas"]
+    for name, schema in items.items():
+        if name in schemas:
+            raise ValueError(f"the spec already defines {name!r}")
+        schemas[name] = dict(schema)
+        schemas["ItemField"]["oneOf"].append({"$ref": f"#/components/schemas/{name}"})
+    return Spec(document, source=f"{spec.source} with {', '.join(items)}")
+
+
 @functools.lru_cache(maxsize=None)
 def _load_spec_cached(resolved_path: str) -> Spec:
     with open(resolved_path, encoding="utf-8") as handle:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from compliance.errors import ConformanceError
+from compliance.trace import Exchange, Recorder
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Outcome:
     status: Literal["PASS", "FAIL", "SKIP"]
     reason: str = ""
     seconds: float = 0.0
+    json_path: str | None = None
+    """Where in a JSON document the first violation sits, when it sits in one."""
+    exchanges: tuple[Exchange, ...] = ()
+    """What the check sent and received (see ``compliance.trace``)."""
 
     def line(self) -> str:
         """``PASS name``, ``FAIL name: reason`` or ``SKIP name: reason``."""
@@ -65,6 +70,7 @@ class Session:
 
     config: SuiteConfig
     resources: dict[str, Any] = field(default_factory=dict)
+    recorder: Recorder = field(default_factory=Recorder)
 
     def resource(self, key: str, factory: Callable[[], Any]) -> Any:
         """The session-wide object stored under ``key``, created by ``factory`` on first use."""
@@ -156,12 +162,18 @@ def run_concurrently(config: SuiteConfig, checks: Iterable[RegisteredCheck]) -> 
 
 def _run_one(check: RegisteredCheck, session: Session) -> Outcome:
     started = time.monotonic()
+    mark = session.recorder.mark()
+
+    def outcome(status: Literal["PASS", "FAIL", "SKIP"], reason: str = "", json_path: str | None = None) -> Outcome:
+        return Outcome(check.name, status, reason, time.monotonic() - started, json_path,
+                       tuple(session.recorder.since(mark)))
+
     try:
         check.function(session)
     except Skip as skip:
-        return Outcome(check.name, "SKIP", str(skip), time.monotonic() - started)
+        return outcome("SKIP", str(skip))
     except ConformanceError as error:
-        return Outcome(check.name, "FAIL", str(error), time.monotonic() - started)
+        return outcome("FAIL", str(error), error.json_path)
     except Exception as error:  # noqa: BLE001 - any crash of a check is that check's failure
-        return Outcome(check.name, "FAIL", f"{type(error).__name__}: {error}", time.monotonic() - started)
-    return Outcome(check.name, "PASS", "", time.monotonic() - started)
+        return outcome("FAIL", f"{type(error).__name__}: {error}")
+    return outcome("PASS")

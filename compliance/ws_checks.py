@@ -269,7 +269,8 @@ class Socket:
 def open_socket(session: Session, name: str = "") -> Iterator[Socket]:
     """A new connection for the duration of the block; on a normal exit the socket must
     have stayed silent after its last turn, then it is closed."""
-    connection = connector(session).open()
+    chosen = connector(session)
+    connection = session.recorder.websocket(chosen.open(), getattr(chosen, "url", "websocket"))
     try:
         socket = Socket(connection, model=session.config.model, timeout=turn_timeout(session.config), name=name)
         yield socket

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from compliance import ConformanceError, SSEParser, StreamChecker, check_response, validate_error_body
+from compliance.schemas import Spec
 
 
 @dataclass
@@ -39,9 +40,13 @@ def output_text(response: dict[str, Any]) -> str:
 
 
 class Client:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 300) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 300,
+                 spec: Spec | None = None) -> None:
+        """``spec``: what responses and events are judged by, the vendored spec unless a
+        test of a documented superset feature extends it (``compliance.with_items``)."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+        self.spec = spec
 
     def close(self) -> None:
         self.http.close()
@@ -51,7 +56,7 @@ class Client:
         reply = self.http.post("/v1/responses", json=body)
         assert reply.status_code == 200, reply.text
         assert reply.headers["content-type"].startswith("application/json")
-        return check_response(reply.json())
+        return check_response(reply.json(), spec=self.spec)
 
     def error(self, body: Any, status: int, *, path: str = "/v1/responses", raw: bytes | None = None) -> dict[str, Any]:
         """A request that must fail with ``status`` and the spec's error object."""
@@ -68,7 +73,7 @@ class Client:
     def stream(self, **body: Any) -> StreamResult:
         """POST /v1/responses with ``stream: true``, checked as it arrives."""
         parser = SSEParser(require_done=True)
-        checker = StreamChecker(transport="sse")
+        checker = StreamChecker(transport="sse", spec=self.spec)
         events: list[dict[str, Any]] = []
         raw = bytearray()
         with self.http.stream("POST", "/v1/responses", json={**body, "stream": True}) as reply:

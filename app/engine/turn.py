@@ -134,7 +134,11 @@ class Turn:
         self.input_items = input_items
         self.tools = tools
         self.builder = ResponseBuilder(
-            initial, error_events=error_events, seal_reasoning=seal_reasoning, logprobs=request.sampling.logprobs
+            initial,
+            error_events=error_events,
+            seal_reasoning=seal_reasoning,
+            logprobs=request.sampling.logprobs,
+            offered={f.name: f for f in body.function_tools if f.namespace or f.custom},
         )
         self.error: ORSError | None = None
         self.start_error: BaseException | None = None

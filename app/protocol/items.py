@@ -75,10 +75,33 @@ class FunctionCallParam(ParamModel):
     arguments: str
     id: str | None = None
     status: ItemStatus | None = None
+    namespace: FunctionName | None = None
+    """Not in the spec: the namespace tool ``name`` belongs to (see ``FunctionCall``)."""
 
 
 class FunctionCallOutputParam(ParamModel):
     type: Literal["function_call_output"]
+    call_id: CallId
+    output: str | list[ToolOutputContentParam]
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class CustomToolCallParam(ParamModel):
+    """OpenAI's call of a ``custom`` (free-form) tool, replayed. Not in the spec."""
+
+    type: Literal["custom_tool_call"]
+    call_id: CallId
+    name: FunctionName
+    input: str
+    id: str | None = None
+    status: ItemStatus | None = None
+
+
+class CustomToolCallOutputParam(ParamModel):
+    """The answer to a ``custom_tool_call``. Not in the spec."""
+
+    type: Literal["custom_tool_call_output"]
     call_id: CallId
     output: str | list[ToolOutputContentParam]
     id: str | None = None
@@ -124,6 +147,8 @@ _MESSAGE_TAGS = {
 _ITEM_TAGS = {
     "function_call",
     "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
     "reasoning",
     "compaction",
     "item_reference",
@@ -166,6 +191,8 @@ ItemParam = Annotated[
     | Annotated[_InvalidRoleMessage, Tag("invalid_role")]
     | Annotated[FunctionCallParam, Tag("function_call")]
     | Annotated[FunctionCallOutputParam, Tag("function_call_output")]
+    | Annotated[CustomToolCallParam, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputParam, Tag("custom_tool_call_output")]
     | Annotated[ReasoningParam, Tag("reasoning")]
     | Annotated[CompactionParam, Tag("compaction")]
     | Annotated[ItemReferenceParam, Tag("item_reference")]
@@ -194,16 +221,42 @@ class Message(WireModel):
 
 
 class FunctionCall(WireModel):
+    """``namespace`` (not in the spec, omitted when ``None``): the call is of a function
+    of that namespace tool, and ``name`` is the function's own name, as OpenAI answers."""
+
+    omit_if_none = frozenset({"namespace"})
     type: Literal["function_call"] = "function_call"
     id: str
     call_id: str
     name: str
     arguments: str
     status: ItemStatus
+    namespace: str | None = None
 
 
 class FunctionCallOutput(WireModel):
     type: Literal["function_call_output"] = "function_call_output"
+    id: str
+    call_id: str
+    output: str | list[ToolOutputPart]
+    status: ItemStatus
+
+
+class CustomToolCall(WireModel):
+    """A call of a ``custom`` tool, in OpenAI's shape (plus ``status``, which every item
+    has). Not in the spec: only a request that offered a ``custom`` tool, and so speaks
+    OpenAI's superset, ever gets one."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str
+    status: ItemStatus
+
+
+class CustomToolCallOutput(WireModel):
+    type: Literal["custom_tool_call_output"] = "custom_tool_call_output"
     id: str
     call_id: str
     output: str | list[ToolOutputPart]
@@ -231,7 +284,7 @@ class Compaction(WireModel):
 
 
 OutputItem = Annotated[
-    Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction,
+    Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CustomToolCall | CustomToolCallOutput,
     Field(discriminator="type"),
 ]
-"""The spec's ``ItemField``."""
+"""The spec's ``ItemField``, and the two custom-tool items of OpenAI's superset."""

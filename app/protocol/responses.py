@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.protocol.base import ParamModel, WireModel
 from app.protocol.items import ItemParam, OutputItem
-from app.protocol.tools import FunctionTool, FunctionToolParam, ToolChoice, ToolChoiceParam, ToolParam
+from app.protocol.tools import FunctionTool, OfferedFunction, ToolChoice, ToolChoiceParam, ToolParam, offered_functions
 
 IncludeOption = Literal["reasoning.encrypted_content", "message.output_text.logprobs"]
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
@@ -97,9 +97,10 @@ class CreateResponseBody(BaseModel):
     """OpenAI superset field; accepted and ignored."""
 
     @property
-    def function_tools(self) -> list[FunctionToolParam]:
-        """The function tools; tools of other types are not offered to the model."""
-        return [tool for tool in self.tools or [] if isinstance(tool, FunctionToolParam)]
+    def function_tools(self) -> list[OfferedFunction]:
+        """The functions offered to the model: function tools, and the functions of
+        namespace tools under their flat names; tools of other types are not offered."""
+        return offered_functions(self.tools)
 
     @field_validator("input", mode="before")
     @classmethod

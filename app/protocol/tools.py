@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
@@ -20,12 +22,66 @@ class FunctionToolParam(ParamModel):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None
+    """OpenAI superset field (Codex sets it on tools its ``tool_search`` would load):
+    accepted; this server has no tool search, so the function is offered like any other."""
+
+
+class NamespaceToolParam(ParamModel):
+    """A group of function tools under one name (OpenAI's ``namespace`` tool, which Codex
+    sends for its sub-agent tools). Not in the spec: each function is offered to the
+    model under its flat name (:func:`qualified_name`), and a call of it comes back as a
+    ``function_call`` whose ``name`` is the function's own and whose ``namespace`` is
+    this tool's ``name``, the shape OpenAI answers with and Codex reads."""
+
+    type: Literal["namespace"]
+    name: FunctionName
+    description: str | None = None
+    tools: list[FunctionToolParam] = Field(min_length=1)
+
+
+class CustomTextFormatParam(ParamModel):
+    type: Literal["text"]
+
+
+class CustomGrammarFormatParam(ParamModel):
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: str = Field(max_length=262_144)
+
+
+class CustomToolParam(ParamModel):
+    """OpenAI's free-form tool: the model's call carries one text, ``input``, instead of
+    JSON arguments. Not in the spec. Offered to the model as a function of one string
+    parameter ``input``; its calls come back as OpenAI's ``custom_tool_call`` items.
+
+    ``format`` says what the text must be: ``text`` (anything, the default), or a
+    ``grammar`` whose ``regex`` syntax the server can hold the model to (the embedded
+    engine constrains a forced call with it; every call's input is checked against it
+    with RE2, and one that does not match is suppressed). A ``lark`` grammar cannot be
+    held to here, so such a tool is not offered (logged), like other tools this server
+    cannot run."""
+
+    type: Literal["custom"]
+    name: FunctionName
+    description: str | None = None
+    format: Annotated[CustomTextFormatParam | CustomGrammarFormatParam, Field(discriminator="type")] | None = None
+    defer_loading: bool | None = None
+
+    @property
+    def offerable(self) -> bool:
+        return not (isinstance(self.format, CustomGrammarFormatParam) and self.format.syntax == "lark")
+
+    @property
+    def regex(self) -> str | None:
+        fmt = self.format
+        return fmt.definition if isinstance(fmt, CustomGrammarFormatParam) and fmt.syntax == "regex" else None
 
 
 class UnsupportedToolParam(ParamModel):
-    """A tool of a type this server cannot run (hosted tools, Codex's ``custom`` or
-    ``namespace`` tools, vendor tools). Accepted so such clients work; the engine leaves
-    it out of what the model sees and logs that it did."""
+    """A tool of a type this server cannot run (hosted tools, vendor tools). Accepted so
+    such clients work; the engine leaves it out of what the model sees and logs that it
+    did."""
 
     model_config = ParamModel.model_config | {"extra": "allow"}
     type: str
@@ -33,17 +89,109 @@ class UnsupportedToolParam(ParamModel):
 
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in ("namespace", "custom"):
+        return kind  # type: ignore[no-any-return]
     return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
 
 
 ToolParam = Annotated[
-    Annotated[FunctionToolParam, Tag("function")] | Annotated[UnsupportedToolParam, Tag("unsupported")],
+    Annotated[FunctionToolParam, Tag("function")]
+    | Annotated[NamespaceToolParam, Tag("namespace")]
+    | Annotated[CustomToolParam, Tag("custom")]
+    | Annotated[UnsupportedToolParam, Tag("unsupported")],
     Discriminator(_tool_tag),
 ]
 
+NAMESPACE_DELIMITER = "__"
+
+
+def qualified_name(namespace: str | None, name: str) -> str:
+    """The flat name a function of ``namespace`` is offered to a model under:
+    ``namespace__name``, with stray underscores at the join trimmed (the convention
+    Codex itself flattens namespaced tools by). A plain function keeps its name."""
+    if namespace is None:
+        return name
+    return f"{namespace.rstrip('_')}{NAMESPACE_DELIMITER}{name.lstrip('_')}"
+
+
+CUSTOM_INPUT = "input"
+"""The one parameter a custom tool is offered to a model with: the call's whole text."""
+
+
+def custom_parameters(regex: str | None) -> dict[str, Any]:
+    """The JSON Schema of a custom tool's one parameter as a model sees it; a ``regex``
+    format becomes the parameter's ``pattern``, anchored: the whole text must match."""
+    text: dict[str, Any] = {"type": "string", "description": "The tool's whole input, as free-form text."}
+    if regex is not None:
+        text["pattern"] = f"^({regex})$"
+    return {"type": "object", "properties": {CUSTOM_INPUT: text}, "required": [CUSTOM_INPUT],
+            "additionalProperties": False}
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedFunction:
+    """A function the model may call: a function tool, one function of a namespace
+    tool, or a custom tool (as a function of one string, ``input``). ``name`` is what
+    the model sees and calls; ``function`` and ``namespace`` are what a
+    ``function_call`` item carries, ``function`` what a ``custom_tool_call`` does."""
+
+    tool: FunctionToolParam | CustomToolParam
+    namespace: NamespaceToolParam | None = None
+
+    @property
+    def name(self) -> str:
+        return qualified_name(self.namespace.name if self.namespace else None, self.tool.name)
+
+    @property
+    def function(self) -> str:
+        return self.tool.name
+
+    @property
+    def namespace_name(self) -> str | None:
+        return self.namespace.name if self.namespace else None
+
+    @property
+    def custom(self) -> bool:
+        return isinstance(self.tool, CustomToolParam)
+
+    @property
+    def parameters(self) -> dict[str, Any] | None:
+        if isinstance(self.tool, CustomToolParam):
+            return custom_parameters(self.tool.regex)
+        return self.tool.parameters
+
+    @property
+    def strict(self) -> bool | None:
+        return True if isinstance(self.tool, CustomToolParam) else self.tool.strict
+
+    @property
+    def description(self) -> str | None:
+        """The function's description, after its namespace's when it has one: a model
+        sees no namespaces, only what the group is for."""
+        group = self.namespace.description if self.namespace else None
+        if not group:
+            return self.tool.description
+        return f"{group}\n\n{self.tool.description}" if self.tool.description else group
+
+
+def offered_functions(tools: Sequence[Any] | None) -> list[OfferedFunction]:
+    """Every function of ``tools`` the model is offered, in order, namespaces flattened."""
+    offered: list[OfferedFunction] = []
+    for tool in tools or ():
+        if isinstance(tool, FunctionToolParam):
+            offered.append(OfferedFunction(tool))
+        elif isinstance(tool, NamespaceToolParam):
+            offered.extend(OfferedFunction(inner, tool) for inner in tool.tools)
+        elif isinstance(tool, CustomToolParam) and tool.offerable:
+            offered.append(OfferedFunction(tool))
+    return offered
+
 
 class SpecificFunctionParam(ParamModel):
-    type: Literal["function"]
+    """A named tool to call: ``function`` (the spec), or ``custom`` (OpenAI's choice of
+    a custom tool, which this server treats the same way)."""
+
+    type: Literal["function", "custom"]
     name: str
 
 
@@ -62,11 +210,16 @@ ToolChoiceParam = (
 
 
 class FunctionTool(WireModel):
+    """A function tool as echoed. ``namespace`` (not in the spec, omitted when ``None``)
+    names the namespace tool it came from; ``name`` is then the function's own."""
+
+    omit_if_none = frozenset({"namespace"})
     type: Literal["function"] = "function"
     name: str
     description: str | None
     parameters: dict[str, Any] | None
     strict: bool | None
+    namespace: str | None = None
 
 
 class FunctionToolChoice(WireModel):

@@ -2,6 +2,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pty
+import select
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +173,31 @@ def test_assembly_logs_its_progress(split_model: ModelSpec, tmp_path: Path, capl
     with caplog.at_level("INFO", logger="ors.models"):
         files_for(split_model, tmp_path / "cache").path(split_model.id)  # already there: silent
     assert not [r for r in caplog.records if r.name == "ors.models"]
+
+
+def test_assembly_draws_a_live_line_on_a_terminal(split_model: ModelSpec, tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Standard error is a real pseudo-terminal here: the progress is one redrawn line
+    (percent and megabytes), not ten log lines."""
+    import app.backends.model_files as model_files
+
+    leader, follower = pty.openpty()
+    terminal = os.fdopen(follower, "w", buffering=1)
+    monkeypatch.setattr(model_files, "_CHUNK", max(1, split_model.size // 20))
+    monkeypatch.setattr(sys, "stderr", terminal)
+    try:
+        with caplog.at_level("INFO", logger="ors.models"):
+            files_for(split_model, tmp_path / "cache").path(split_model.id)
+        terminal.flush()
+        drawn = b""
+        while select.select([leader], [], [], 0.2)[0]:
+            drawn += os.read(leader, 65536)
+    finally:
+        terminal.close()
+        os.close(leader)
+    frames = drawn.decode().replace("\r\n", "\n").split("\r")
+    shown = [frame for frame in frames if frame.startswith("assembling model 'fake-split':")]
+    assert len(shown) >= 10 and shown[-1].rstrip().endswith("MB)") and "100%" in shown[-1]
+    assert "MB" in shown[0] and "%" in shown[0]
+    assert not [r for r in caplog.records if "%" in r.getMessage()]  # no per-10% log lines on a terminal

@@ -480,7 +480,8 @@ def test_a_schema_the_local_model_cannot_enforce_is_a_400_before_any_stream(clie
 def test_tool_types_the_server_cannot_run_are_left_out_not_refused(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]
     response = client.create(model="scripted-text", input="x", tools=[
         {"type": "function", "name": "lookup", "parameters": {"type": "object"}},
-        {"type": "custom", "name": "apply_patch", "description": "Codex's freeform tool", "format": {"type": "text"}},
+        {"type": "custom", "name": "apply_patch", "description": "Codex's freeform tool",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
         {"type": "web_search"},
     ])
     assert [tool["name"] for tool in response["tools"]] == ["lookup"]

@@ -39,6 +39,8 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ors serve: {problem}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
+    if settings.workers > 1:
+        return _serve_workers(args, settings)
     try:
         app = create_app(settings)
     except ValueError as exc:  # a setting that parses but cannot be used (e.g. a bad key entry)
@@ -54,6 +56,44 @@ def _serve(args: argparse.Namespace) -> int:
         **transport_options(settings),
     )
     Server(config, app.state.drain).run()
+    return 0
+
+
+def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
+    """``--workers N``: uvicorn's supervisor binds the port once and runs N processes of
+    :func:`app.main.worker_app` on it (the kernel spreads connections among them),
+    restarting one that dies. The flags reach the workers as ``ORS_*`` variables, so a
+    worker's settings are the parent's."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from app.main import upstream_routes, workers_problem
+    from app.serve import transport_options
+
+    problem = workers_problem(settings)
+    if problem is None:
+        try:
+            upstream_routes(settings)  # a broken upstream file stops here, not in every worker
+        except ValueError as exc:
+            problem = str(exc)
+    if problem is not None:
+        print(f"ors serve: {problem}", file=sys.stderr)
+        return 2
+    for name in Settings.model_fields:
+        if (value := getattr(args, name)) is not None:
+            os.environ[f"ORS_{name.upper()}"] = value
+    config = uvicorn.Config(
+        "app.main:worker_app",
+        factory=True,
+        workers=settings.workers,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        **transport_options(settings),
+    )
+    Multiprocess(config, sockets=[config.bind_socket()]).run()
     return 0
 
 

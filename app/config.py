@@ -28,6 +28,10 @@ class Settings(BaseSettings):
     """The address to listen on."""
     port: int = 8080
     """The port to listen on."""
+    workers: int = Field(default=1, ge=1, le=64)
+    """Worker processes sharing the port. More than 1 needs PostgreSQL (ORS_DATABASE_URL;
+    SQLite keeps one writing process) and an upstream, and serves upstream models only:
+    the embedded engine batches its requests in one process."""
 
     default_model: str = DEFAULT_MODEL
     """Used when a request names no model."""

@@ -33,6 +33,35 @@ from app.upstreams_config import UpstreamSpec
 log = logging.getLogger("ors")
 
 
+def workers_problem(settings: Settings) -> str | None:
+    """Why ``settings.workers`` processes cannot serve together, or ``None``."""
+    if settings.workers == 1:
+        return None
+    if not (settings.database_url or "").startswith("postgresql"):
+        return (f"--workers {settings.workers} needs PostgreSQL (ORS_DATABASE_URL=postgresql+asyncpg://...): "
+                "SQLite keeps one writing process. Use --workers 1 with SQLite.")
+    if settings.upstream_url is None and settings.config is None:
+        return (f"--workers {settings.workers} serves upstream models only (the embedded engine batches its "
+                "requests in one process, and each worker would load its own copy of a model): configure an "
+                "upstream (ORS_UPSTREAM_URL or ORS_CONFIG), or use --workers 1.")
+    return None
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of ``ors serve --workers N`` (a uvicorn factory):
+    its settings from the ``ORS_*`` variables the parent set, upstream models only (see
+    :func:`workers_problem`). Each worker has its own store connections, history cache
+    and upstream clients; they share PostgreSQL, which carries cancels between them."""
+    from app import logs
+    from app.serve import drain_on_exit_signals
+
+    settings = Settings()
+    logs.configure(settings.log_level, settings.log_format)
+    app = create_app(settings, backends=[])
+    app.state.on_serving = lambda: drain_on_exit_signals(app.state.drain)
+    return app
+
+
 def default_backends(settings: Settings) -> list[Backend]:
     """The embedded models (upstreams are routes: :func:`upstream_routes`)."""
     from app.backends.local import LocalBackend
@@ -132,6 +161,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))
         app.state.ready = True
+        if (on_serving := getattr(app.state, "on_serving", None)) is not None:
+            on_serving()
         try:
             yield
         finally:

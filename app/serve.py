@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from types import FrameType
 from typing import Any
 
@@ -16,6 +17,24 @@ def transport_options(settings: Settings) -> dict[str, Any]:
     """uvicorn options that come from the settings: the largest WebSocket message is the
     largest request body (a bigger one closes the connection with 1009)."""
     return {"ws_max_size": settings.max_body_bytes}
+
+
+def drain_on_exit_signals(drain: Drain) -> None:
+    """In a worker process (``--workers N``), where uvicorn's own server handles the
+    signals: chain SIGTERM and SIGINT so that the worker's streams start draining first,
+    as :class:`Server` does in a single process. Called once the worker serves (uvicorn
+    has installed its handlers by then)."""
+    AppStatus.disable_automatic_graceful_drain()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+        if not callable(previous):
+            continue
+
+        def handler(number: int, frame: FrameType | None, previous: Any = previous) -> None:
+            drain.begin()
+            previous(number, frame)
+
+        signal.signal(sig, handler)
 
 
 class Server(uvicorn.Server):

@@ -18,7 +18,10 @@ block in alternating order, so drift of the machine falls on all of them alike:
 * CPU time of the serving process per request (ors for ors, the stub for ``direct``).
 
 Then, through ors: 1,000 streams held open at once by the stub (``--streams``), and a
-``previous_response_id`` chain of 1,000 turns (``--chain``). The figures are printed with
+``previous_response_id`` chain of 1,000 turns (``--chain``). Last, ors on PostgreSQL
+(a fresh database on ``--postgres``, skipped when it cannot be reached) with 1 and then 2
+worker processes (``--workers``): throughput at concurrency 16 and 64 against the stub
+directly, interleaved the same way. The figures are printed with
 the targets they are held to, and written to ``bench/results/proxy-<time>.json`` and
 ``.png`` (see :mod:`bench.proxy_report`).
 
@@ -107,10 +110,7 @@ async def measure(stub: StubProcess, ors: ServerProcess, plan: Plan, *, log: Any
     """Every figure of one run, raw (see :func:`bench.proxy_report.summarize`)."""
     assert stub.process is not None and ors.process is not None
     targets = _targets(stub.port, stub.process.pid, ors.port, ors.process.pid)
-    for target in targets:
-        for fmt in FORMATS:
-            await block(target, fmt, 1, WARM_UP)
-            await block(target, fmt, 16, WARM_UP * 4)
+    await _warm_up(targets)
     phases: dict[str, dict[str, Samples]] = {}
     log(f"latency: {plan.latency_requests} requests one at a time per target and format")
     phases["c1"] = await _interleaved(targets, plan, 1, plan.latency_requests)
@@ -138,6 +138,77 @@ def _raise_file_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
+POSTGRES_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+WORKER_COUNTS = (1, 2)
+
+
+@contextlib.contextmanager
+def _postgres_database(admin_url: str) -> Iterator[str | None]:
+    """A fresh PostgreSQL database for one run (its SQLAlchemy URL), dropped after; ``None``
+    when the server cannot be reached."""
+    import uuid
+
+    import asyncpg
+
+    name = f"ors_bench_{uuid.uuid4().hex[:12]}"
+
+    async def admin(statement: str) -> None:
+        connection = await asyncpg.connect(admin_url, timeout=5)
+        try:
+            await connection.execute(statement)
+        finally:
+            await connection.close()
+
+    try:
+        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, asyncpg.PostgresError) as exc:
+        print(f"workers: skipped, no PostgreSQL at {admin_url} ({exc})")
+        yield None
+        return
+    host = admin_url.split("@", 1)[1].rsplit("/", 1)[0]
+    user = admin_url.split("//", 1)[1].split("@", 1)[0]
+    try:
+        yield f"postgresql+asyncpg://{user}@{host}/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def measure_workers(stub: StubProcess, plan: Plan, work: Path, runner: asyncio.Runner,
+                    admin_url: str) -> dict[str, Any] | None:
+    """Throughput of ors on PostgreSQL with each of :data:`WORKER_COUNTS` worker
+    processes, against the stub directly in the same rounds; ``None`` without PostgreSQL."""
+    assert stub.process is not None
+    with _postgres_database(admin_url) as database:
+        if database is None:
+            return None
+        runs: dict[str, Any] = {}
+        for count in WORKER_COUNTS:
+            print(f"workers: ors on PostgreSQL with {count} worker process(es)")
+            ors = ServerProcess({"ORS_UPSTREAM_URL": stub.base_url, "ORS_DEFAULT_MODEL": MODEL,
+                                 "ORS_DATABASE_URL": database, "ORS_WORKERS": str(count)}, work / f"ors-pg-{count}")
+            ors.start()
+            try:
+                assert ors.process is not None
+                targets = _targets(stub.port, stub.process.pid, ors.port, ors.process.pid)
+                runner.run(_warm_up(targets))
+                runs[str(count)] = {f"c{concurrency}": runner.run(_interleaved(targets, plan, concurrency,
+                                                                               plan.throughput_requests))
+                                    for concurrency in CONCURRENCIES}
+            finally:
+                try:
+                    ors.terminate()
+                except subprocess.TimeoutExpired:
+                    ors.kill()
+        return runs
+
+
+async def _warm_up(targets: list[Target]) -> None:
+    for target in targets:
+        for fmt in FORMATS:
+            await block(target, fmt, 1, WARM_UP)
+            await block(target, fmt, 16, WARM_UP * 4)
+
+
 @contextlib.contextmanager
 def servers(work: Path) -> Iterator[tuple[StubProcess, ServerProcess]]:
     """The stub and ``ors serve`` in front of it, both on loopback, stopped on exit."""
@@ -163,7 +234,7 @@ def _loop_runner() -> asyncio.Runner:
     return asyncio.Runner()
 
 
-def run(plan: Plan, *, quick: bool) -> None:
+def run(plan: Plan, *, quick: bool, postgres: str | None = POSTGRES_ADMIN) -> None:
     files = _raise_file_limit()
     if plan.streams and files < plan.streams * 3 + 100:
         print(f"warning: {files} open files allowed; {plan.streams} streams need about {plan.streams * 3}")
@@ -177,6 +248,7 @@ def run(plan: Plan, *, quick: bool) -> None:
                 print(f"warning: ors started {len(loaded)} llama-server process(es); their CPU is not counted")
             with _loop_runner() as runner:
                 raw = runner.run(measure(stub, ors, plan))
+                raw["workers"] = measure_workers(stub, plan, Path(scratch), runner, postgres) if postgres else None
         context = {"quick": quick, "plan": plan.__dict__, "cpus": os.cpu_count(), "load_before": load_before,
                    "load_after": os.getloadavg(), "seconds": time.perf_counter() - started,
                    "embedded_model_processes": len(loaded), "open_files_limit": files}
@@ -194,10 +266,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, help="streams held open at once through ors (0: skip)")
     parser.add_argument("--hold", type=float, help="seconds the upstream holds each of those streams")
     parser.add_argument("--chain", type=int, help="turns of the previous_response_id chain (0: skip)")
+    parser.add_argument("--postgres", default=POSTGRES_ADMIN, metavar="URL",
+                        help="PostgreSQL to create the workers run's database on (default: %(default)s)")
+    parser.add_argument("--no-workers", action="store_true", help="skip the 1 vs 2 workers run on PostgreSQL")
     arguments = parser.parse_args(argv)
     plan = QUICK if arguments.quick else Plan()
     overrides = {"rounds": arguments.rounds, "latency_requests": arguments.requests,
                  "throughput_requests": arguments.throughput_requests, "streams": arguments.streams,
                  "hold_s": arguments.hold, "chain_turns": arguments.chain}
     plan = Plan(**{**plan.__dict__, **{key: value for key, value in overrides.items() if value is not None}})
-    run(plan, quick=arguments.quick)
+    run(plan, quick=arguments.quick, postgres=None if arguments.no_workers else arguments.postgres)

@@ -75,8 +75,13 @@ def summarize(raw: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
                    for phase in figures if phase != "c1"},
                 "cpu_ms_per_request": cpu[f"{fmt}/{path}"],
             }
+    workers = None
+    if raw.get("workers"):
+        workers = {count: {phase: {key: _figures(samples) for key, samples in blocks.items()}
+                           for phase, blocks in phases_of.items()}
+                   for count, phases_of in raw["workers"].items()}
     report = {"context": context, "figures": figures, "cpu_ms_per_request": cpu, "added": added,
-              "streams": raw["streams"], "chain": raw["chain"],
+              "streams": raw["streams"], "chain": raw["chain"], "workers": workers,
               "samples": {phase: {key: {"latency_ms": [round(v * 1000, 3) for v in samples.latency],
                                         "first_text_ms": [round(v * 1000, 3) for v in samples.first_text]}
                                   for key, samples in blocks.items()}
@@ -164,6 +169,7 @@ def _print(report: dict[str, Any]) -> None:
                   f"({chained['late_over_early']:.2f}x)")
         if chained["failure"]:
             print(f"chain failed at {chained['failure']}")
+    _print_workers(report.get("workers"))
     print("targets:")
     for target in report["targets"]:
         value = target["value"]
@@ -171,6 +177,28 @@ def _print(report: dict[str, Any]) -> None:
         print(f"  {'met    ' if target['met'] else 'NOT met'}  {target['name']}: {shown} (target {target['limit']})")
     met = sum(target["met"] for target in report["targets"])
     print(f"  {met} of {len(report['targets'])} targets met")
+
+
+def _print_workers(workers: dict[str, Any] | None) -> None:
+    """Throughput on PostgreSQL by worker processes: each path's req/s, its share of the
+    stub measured in the same rounds, and the gain over one worker."""
+    if not workers:
+        return
+    counts = sorted(workers, key=int)
+    print("ors on PostgreSQL by worker processes (req/s, share of direct in the same rounds):")
+    for phase in ("c16", "c64"):
+        for fmt in ("json", "sse"):
+            for path, label in PATHS.items():
+                key = f"{fmt}/{path}"
+                cells = []
+                for count in counts:
+                    ors, direct = workers[count][phase][key], workers[count][phase][f"{fmt}/direct"]
+                    cells.append(f"{count} worker{'s' if count != '1' else ''}: {ors['requests_per_s']:7.1f} "
+                                 f"({ors['requests_per_s'] / direct['requests_per_s']:5.1%}, p99 "
+                                 f"{ors['p99_ms']:.0f} ms)")
+                first, last = workers[counts[0]][phase][key], workers[counts[-1]][phase][key]
+                gain = last["requests_per_s"] / first["requests_per_s"] if first["requests_per_s"] else math.nan
+                print(f"  {phase} {fmt + ' ' + label:16} " + "   ".join(cells) + f"   x{gain:.2f}")
 
 
 def _cdf(axis: Any, values: list[float], label: str) -> None:

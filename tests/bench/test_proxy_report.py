@@ -64,3 +64,23 @@ def test_written_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys:
     assert stem.with_suffix(".png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "json store:false" in printed and "1 cut" in printed and "targets met" in printed
+
+
+def test_workers_are_reported_by_count_with_their_gain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    raw = _raw()
+    raw["workers"] = {
+        str(count): {phase: {f"{fmt}/{path}": _samples(1.0, per_s=per_s, cpu_ms=0)
+                             for fmt in ("json", "sse")
+                             for path, per_s in (("direct", 1000), ("stored", 100 * count), ("unstored", 150 * count))}
+                     for phase in ("c16", "c64")}
+        for count in (1, 2)
+    }
+    monkeypatch.setattr(proxy_report, "RESULTS", tmp_path)
+    report = proxy_report.summarize(raw, {"plan": {"rounds": 1, "latency_requests": 100, "throughput_requests": 100}})
+    assert report["workers"]["2"]["c16"]["json/stored"]["requests_per_s"] == pytest.approx(200)
+    stem = proxy_report.write(report)
+    assert json.loads(stem.with_suffix(".json").read_text())["workers"]["1"]["c64"]["sse/unstored"]
+    printed = capsys.readouterr().out
+    assert "ors on PostgreSQL by worker processes" in printed
+    assert "2 workers:   200.0 (20.0%" in printed and "x2.00" in printed

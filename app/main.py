@@ -157,6 +157,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         await limiter.start()
         # a cancel recorded by any replica stops the turn if it runs here
         await engine.store.watch_cancels(live.cancel)
+        # and a replica asked to follow a response that runs here is sent its events
+        await engine.store.serve_follows(live.relayed)
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))

@@ -28,6 +28,22 @@ class LiveTurns:
         turn = self._turns.get(response_id)
         return turn if turn is not None and turn.tenant == tenant and not turn.ended else None
 
+    def relayed(self, tenant: str, response_id: str, after: int) -> AsyncIterator[tuple[int, str, str]] | None:
+        """For another process that follows a response (``app.store.relay``): the running
+        turn's events after sequence number ``after`` as ``(sequence, type, data)``, then
+        live ones until its end; ``None`` when it does not run here."""
+        turn = self.get(tenant, response_id)
+        if turn is None:
+            return None
+
+        async def events() -> AsyncIterator[tuple[int, str, str]]:
+            sequence = after
+            async for emitted in turn.follow(after):
+                sequence += 1
+                yield sequence, emitted.type, emitted.data
+
+        return events()
+
     def cancel(self, tenant: str, response_id: str) -> bool:
         """Cancel the turn if it runs here (a cancel recorded by another replica, or by
         this one through the store); whether it did."""

@@ -35,11 +35,12 @@ returned, counted or changed; to the caller it looks absent.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from app.errors import ServerError
+from app.store.relay import RelayedEvent, Source
 
 JSON = dict[str, Any]
 Order = Literal["asc", "desc"]
@@ -161,6 +162,15 @@ class ResponseStore(abc.ABC):
         until :meth:`close`. Notices lost while the store could not listen are replayed
         for the responses this instance owns. Ids the caller does not run are its to
         ignore."""
+
+    async def serve_follows(self, source: Source) -> None:
+        """Answer other processes' requests to follow a response this one runs, from
+        ``source`` (see :mod:`app.store.relay`). Nothing to do with one process."""
+
+    def follow_elsewhere(self, tenant: str, response_id: str, after: int | None) -> AsyncIterator[RelayedEvent] | None:
+        """The events of a response another process runs, after ``after``, until its end;
+        ``None`` when no other process can run one (one process)."""
+        return None
 
     @abc.abstractmethod
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:

@@ -37,7 +37,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
@@ -57,6 +57,7 @@ from app.store.base import (
     StoreConflict,
     StoredResponse,
 )
+from app.store.relay import PostgresEventRelay, RelayedEvent, Source
 from app.store.cancels import (
     CHANNEL,
     CancelNotices,
@@ -108,6 +109,7 @@ class SqlResponseStore(ResponseStore):
         self._db: Database | None = None
         self._liveness: Liveness | None = None
         self._notices: CancelNotices | None = None
+        self._relay: PostgresEventRelay | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
         self._group: GroupCommit | None = None
@@ -153,6 +155,7 @@ class SqlResponseStore(ResponseStore):
                 await self._liveness.start()
                 dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
                 self._notices = PostgresCancelNotices(dsn, self._missed_cancels)
+                self._relay = PostgresEventRelay(dsn)
             await self.recover()
             if self._liveness.periodic and self.recover_interval > 0:
                 self._recovery_task = asyncio.create_task(self._recover_periodically())
@@ -171,6 +174,9 @@ class SqlResponseStore(ResponseStore):
         group, self._group = self._group, None
         if group is not None:
             await group.close()
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            await relay.close()
         notices, self._notices = self._notices, None
         if notices is not None:
             await notices.close()
@@ -305,6 +311,25 @@ class SqlResponseStore(ResponseStore):
         if cancelled and self._notices is not None:
             self._notices.recorded(tenant, response_id)
         return stored
+
+    async def serve_follows(self, source: Source) -> None:
+        if self._relay is not None:
+            await self._relay.start(source)
+
+    def follow_elsewhere(self, tenant: str, response_id: str, after: int | None) -> AsyncIterator[RelayedEvent] | None:
+        if self._relay is None:
+            return None
+        return self._relay.follow(tenant, response_id, after, self._ended_events)
+
+    async def _ended_events(self, tenant: str, response_id: str) -> list[str] | None:
+        """A followed response's stored events once it has ended (none if it has gone or
+        ended without events); ``None`` while it still runs."""
+        stored = await self.get(tenant, response_id)
+        if stored is None:
+            return []
+        if stored.status in ("queued", "in_progress"):
+            return None
+        return await self.events(tenant, response_id) or []
 
     async def watch_cancels(self, callback: Callable[[str, str], object]) -> None:
         if self._notices is None:

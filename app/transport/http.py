@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
-from app.engine.turn import Turn
+from app.engine.turn import Emitted, Turn
 from app.engine.validation import decode_json
 from app.errors import InvalidRequest, NotFound
 from app.protocol.responses import ResponseResource
@@ -133,7 +133,8 @@ async def retrieve_response(
     starting_after: Annotated[int | None, Query(ge=-1)] = None,
 ) -> Response:
     """A stored response; with ``stream=true``, its events (after ``starting_after``)
-    replayed, following live ones while it still runs in this server."""
+    replayed, following live ones while it still runs, in this process or in another
+    that shares the store (``app.store.relay``)."""
     running = live.get(tenant, response_id)
     if running is not None:
         return stream_emitted(running.follow(starting_after)) if stream else _json(running.response)
@@ -142,6 +143,10 @@ async def retrieve_response(
         raise _not_found(response_id)
     if not stream:
         return Response(_dumps(stored.resource), media_type="application/json")
+    if stored.status in ("queued", "in_progress"):
+        elsewhere = _store(engine).follow_elsewhere(tenant, response_id, starting_after)
+        if elsewhere is not None:  # another process runs it: follow it there
+            return stream_emitted(Emitted(event.type, event.data) async for event in elsewhere)
     events = await _store(engine).events(tenant, response_id)
     if events is None:
         raise InvalidRequest(

@@ -1,6 +1,7 @@
-"""A cancel sent to one replica stops the response another replica generates: two real
-``ors serve`` processes on 127.0.0.1 sharing one real PostgreSQL database, the model a
-slow scripted upstream both of them reach."""
+"""Two real ``ors serve`` processes on 127.0.0.1 sharing one real PostgreSQL database, the
+model a slow scripted upstream both of them reach: a cancel sent to one replica stops the
+response the other generates, and a stream followed on one replica
+(``GET /v1/responses/{id}?stream=true``) while the other generates it arrives live."""
 
 from __future__ import annotations
 
@@ -103,6 +104,70 @@ def test_a_background_response_cancelled_elsewhere_is_cancelled_everywhere(
     assert _until(lambda: model in upstream.disconnected), "replica 1 kept generating"
     again = httpx.post(f"{generating.url}/v1/responses/{response_id}/cancel", headers=JSON, timeout=30)
     assert check_response(again.json())["status"] == "cancelled"
+
+
+def _paced(upstream: ScriptedUpstream, *words: str, pause: float = 1.0) -> str:
+    """A model that writes ``words`` with a pause before each but the first."""
+    steps: list[Any] = []
+    for number, word in enumerate(words):
+        steps += [Pause(pause)] if number else []
+        steps.append(chunk(content=word))
+    return upstream.stream(*steps, chunk(finish_reason="stop"), DONE)
+
+
+def _follow(replica: ServerProcess, response_id: str, starting_after: int | None = None,
+            on_event: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    query = "stream=true" + (f"&starting_after={starting_after}" if starting_after is not None else "")
+    parser = SSEParser(require_done=True)
+    checker = StreamChecker(transport="sse") if starting_after is None else None
+    events: list[dict[str, Any]] = []
+    with httpx.stream("GET", f"{replica.url}/v1/responses/{response_id}?{query}", timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        for data in reply.iter_raw():
+            for event in parser.feed(data):
+                if checker is not None:
+                    checker.feed(event)
+                events.append(event)
+                if on_event is not None:
+                    on_event(event)
+    parser.close()
+    return events, checker.finish() if checker is not None else None
+
+
+def test_a_stream_followed_on_another_replica_arrives_live(
+    replicas: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    generating, other = replicas
+    model = _paced(upstream, "one ", "two ", "three")
+    created = httpx.post(f"{generating.url}/v1/responses", json={"model": model, "input": "x", "background": True},
+                         timeout=30)
+    response_id = check_response(created.json())["id"]
+    seen_running: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "response.output_text.delta" and not seen_running:
+            status = httpx.get(f"{generating.url}/v1/responses/{response_id}", timeout=30).json()["status"]
+            seen_running.append(status)
+
+    events, final = _follow(other, response_id, on_event=on_event)
+    assert seen_running == ["in_progress"]  # the first delta came while the response still ran
+    assert final is not None and final["status"] == "completed"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "one two three"
+    replayed, _ = _follow(generating, response_id)  # once ended: the stored record, the same events
+    assert [(e["sequence_number"], e["type"]) for e in replayed] == [(e["sequence_number"], e["type"]) for e in events]
+
+
+def test_a_follower_elsewhere_starts_after_the_number_it_names(
+    replicas: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    generating, other = replicas
+    model = _paced(upstream, "alpha ", "beta", pause=1.5)
+    created = httpx.post(f"{generating.url}/v1/responses", json={"model": model, "input": "x", "background": True},
+                         timeout=30)
+    response_id = check_response(created.json())["id"]
+    events, _ = _follow(other, response_id, starting_after=3)
+    assert [e["sequence_number"] for e in events] == list(range(4, 4 + len(events)))
+    assert events[-1]["type"] == "response.completed"
 
 
 def test_the_log_of_each_replica_is_clean(replicas: tuple[ServerProcess, ServerProcess]) -> None:

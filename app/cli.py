@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 from pydantic import ValidationError
@@ -82,6 +83,12 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     for name in Settings.model_fields:
         if (value := getattr(args, name)) is not None:
             os.environ[f"ORS_{name.upper()}"] = value
+    if settings.rate_limit_rpm or settings.rate_limit_concurrent:
+        if settings.redis_url is None:
+            print("ors serve: warning: without ORS_REDIS_URL each worker counts its own rate limits", file=sys.stderr)
+    # every worker's metrics in files of one folder, summed by whichever worker is scraped
+    metrics_dir = tempfile.TemporaryDirectory(prefix="ors-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir.name
     config = uvicorn.Config(
         "app.main:worker_app",
         factory=True,
@@ -93,7 +100,8 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         **transport_options(settings),
     )
-    Multiprocess(config, sockets=[config.bind_socket()]).run()
+    with metrics_dir:
+        Multiprocess(config, sockets=[config.bind_socket()]).run()
     return 0
 
 

@@ -15,6 +15,12 @@ tests). Observations are made at a few points only, never per token:
 * at scrape time, a collector asks each backend for its gauges (the embedded engine's
   slots in use, slots, and requests waiting), so nothing is kept up to date in between.
 
+**Worker processes** (``ors serve --workers N``) count together: the parent sets
+``PROMETHEUS_MULTIPROC_DIR`` before any worker starts, prometheus-client then keeps every
+value in a file per process there, and a scrape, whichever worker answers it, sums all
+of them (gauges of things open, like connections and responses in progress, as the sum
+over the live workers).
+
 The ``model`` of an HTTP request is noted by the engine into a holder that the
 middleware creates per request (:func:`note_model`); requests that never reach the engine
 have ``model=""``.
@@ -22,12 +28,14 @@ have ``model=""``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -76,19 +84,25 @@ class _Backends(Collector):
         yield from (slots, busy, waiting)
 
 
+def _multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
 class Metrics:
     def __init__(self, backend_gauges: Callable[[], Iterable[ModelGauges]] = tuple) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        self._backends = _Backends(backend_gauges)
+        live = {"multiprocess_mode": "livesum"} if _multiprocess() else {}
         self.http_requests = Counter(
             "ors_http_requests", "HTTP requests, by route template, method, status and model.",
             ["route", "method", "status", "model"], registry=r)
         self.websocket_connections = Gauge(
-            "ors_websocket_connections", "WebSocket connections open.", registry=r)
+            "ors_websocket_connections", "WebSocket connections open.", registry=r, **live)
         self.responses = Counter(
             "ors_responses", "Responses ended, by model and status.", ["model", "status"], registry=r)
         self.responses_in_progress = Gauge(
-            "ors_responses_in_progress", "Responses being generated (streamed or not).", registry=r)
+            "ors_responses_in_progress", "Responses being generated (streamed or not).", registry=r, **live)
         self.failures = Counter(
             "ors_response_failures", "Failed responses, by model and error code (upstream errors included).",
             ["model", "code"], registry=r)
@@ -107,7 +121,17 @@ class Metrics:
         self.gate_rejections = Counter(
             "ors_gate_rejections", "Requests refused by the replay gate or schema admission, by reason.",
             ["reason"], registry=r)
-        r.register(_Backends(backend_gauges))
+        r.register(self._backends)
+
+    def exposition(self) -> bytes:
+        """The text a scrape gets: this process's registry, or with worker processes
+        (see the module docstring) every worker's values summed."""
+        if not _multiprocess():
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged)
+        merged.register(self._backends)
+        return generate_latest(merged)
 
     def response_ended(
         self, *, model: str, status: str, error_code: str | None, seconds: float,

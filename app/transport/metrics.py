@@ -15,7 +15,7 @@ from __future__ import annotations
 import hmac
 
 from fastapi import FastAPI, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import Unauthorized
@@ -83,4 +83,4 @@ def install_metrics(app: FastAPI, metrics: Metrics, *, metrics_key: str | None) 
                 raise Unauthorized("Send the metrics key: 'Authorization: Bearer <ORS_METRICS_KEY>'.")
         else:
             request.app.state.authenticator.tenant(authorization)  # 401 unless a valid API key (when keys are set)
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -111,3 +111,16 @@ def test_a_background_response_is_cancelled_through_any_worker(workers: ServerPr
                 break
             time.sleep(0.05)
         assert final["status"] == "cancelled"
+
+
+def test_every_scrape_counts_all_workers(workers: ServerProcess) -> None:
+    for _ in range(40):
+        _post(workers, {"model": MODEL, "input": "hi", "store": False})
+    totals = []
+    for _ in range(6):  # new connections: scrapes land on either worker
+        text = httpx.get(f"{workers.url}/metrics", timeout=30).text
+        totals.append(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                          if line.startswith("ors_http_requests_total{") and 'route="/v1/responses"' in line
+                          and 'method="POST"' in line))
+    assert min(totals) >= 40 + 150 and len(set(totals)) == 1, totals
+    assert "ors_responses_in_progress 0.0" in text

@@ -53,7 +53,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 from app.backends.base import (
     ChatMessage,
@@ -65,7 +65,7 @@ from app.backends.base import (
 )
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
 from app.backends.chat_stream import ChunkDecoder, sse_events
-from app.backends.upstream_http import DEFAULT_LIMITS, DEFAULT_TIMEOUT, HttpUpstream
+from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
 logger = logging.getLogger(__name__)
@@ -102,16 +102,15 @@ class ChatCompletionsBackend(HttpUpstream):
         *,
         api_key: str | None = None,
         models: Sequence[str] | None = None,
-        client: httpx.AsyncClient | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        limits: httpx.Limits = DEFAULT_LIMITS,
+        session: aiohttp.ClientSession | None = None,
+        timeout: Timeouts = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         token_limit_field: TokenLimitField = ChatDialect.token_limit_field,
         schema_style: SchemaStyle = ChatDialect.schema_style,
         replay_reasoning: bool = ChatDialect.replay_reasoning,
         owned_by: str = "upstream",
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, client=client, timeout=timeout, limits=limits,
+        super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
                          headers=headers, owned_by=owned_by)
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
@@ -156,11 +155,11 @@ class ChatCompletionsBackend(HttpUpstream):
         self, url: str, payload: dict[str, Any], model: str, decoder: ChunkDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self._http().stream("POST", url, json=payload, headers=self._stream_headers()) as response:
-                if not 200 <= response.status_code < 300:
+            async with self.post_stream(url, payload) as response:
+                if not 200 <= response.status < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
                     raise error_for_status(
-                        response.status_code, body, model=model, url=url, logprobs=bool(payload.get("logprobs"))
+                        response.status, body, model=model, url=url, logprobs=bool(payload.get("logprobs"))
                     )
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # A server that ignored ``stream: true`` and sent one whole completion.
@@ -169,7 +168,7 @@ class ChatCompletionsBackend(HttpUpstream):
                     return
                 # After [DONE], read on to the end of the body: only a response read to its
                 # end gives its connection back to the pool, to be kept alive.
-                async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
+                async with contextlib.aclosing(sse_events(response.content.iter_any())) as events:
                     async for event, data in events:
                         if decoder.done:
                             continue

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import aiohttp
 
 from app.errors import (
     ContextLengthExceeded,
@@ -40,22 +40,23 @@ _LOGPROBS = re.compile(r"logprob", re.I)
 
 @contextlib.contextmanager
 def upstream_errors(url: str) -> Iterator[None]:
-    """Translate httpx's transport failures into ``ModelError``; log the upstream's address."""
+    """Translate the upstream client's transport failures into ``ModelError``; log the
+    upstream's address."""
     try:
         yield
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
         logger.warning("cannot reach the upstream at %s: %r", url, exc)
         raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
-    except httpx.TimeoutException as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         logger.warning("the upstream at %s timed out: %r", url, exc)
         raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.CloseError) as exc:
+    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
         logger.warning("the connection to the upstream at %s broke: %r", url, exc)
         raise ModelError(
             "The connection to the upstream model server broke before the model finished.",
             code="upstream_disconnected",
         ) from exc
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         logger.warning("request to the upstream at %s failed: %r", url, exc)
         raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
 
@@ -142,9 +143,9 @@ def json_object(raw: bytes) -> dict[str, Any]:
     return value
 
 
-async def read_capped(response: httpx.Response, limit: int | None) -> bytes:
+async def read_capped(response: aiohttp.ClientResponse, limit: int | None) -> bytes:
     body = bytearray()
-    async for piece in response.aiter_bytes():
+    async for piece in response.content.iter_any():
         body += piece
         if limit is not None and len(body) >= limit:
             break

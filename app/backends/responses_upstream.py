@@ -34,14 +34,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
 from app.backends.chat_errors import ERROR_BODY_LIMIT, read_capped, upstream_errors
 from app.backends.chat_stream import sse_events
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
-from app.backends.upstream_http import DEFAULT_LIMITS, DEFAULT_TIMEOUT, HttpUpstream
+from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
 logger = logging.getLogger(__name__)
@@ -71,15 +71,14 @@ class ResponsesUpstreamBackend(HttpUpstream):
         *,
         api_key: str | None = None,
         models: Sequence[str] | None = None,
-        client: httpx.AsyncClient | None = None,
-        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
-        limits: httpx.Limits = DEFAULT_LIMITS,
+        session: aiohttp.ClientSession | None = None,
+        timeout: Timeouts = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         replay_reasoning: bool = ResponsesDialect.replay_reasoning,
         hold_text: bool = ResponsesDialect.hold_text,
         owned_by: str = "upstream",
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, client=client, timeout=timeout, limits=limits,
+        super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
                          headers=headers, owned_by=owned_by)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
@@ -111,10 +110,10 @@ class ResponsesUpstreamBackend(HttpUpstream):
         self, url: str, payload: dict[str, Any], model: str, decoder: ResponsesEventDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self._http().stream("POST", url, json=payload, headers=self._stream_headers()) as response:
-                if not 200 <= response.status_code < 300:
+            async with self.post_stream(url, payload) as response:
+                if not 200 <= response.status < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
-                    raise http_error(response.status_code, body, model=model, url=url,
+                    raise http_error(response.status, body, model=model, url=url,
                                      logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
                 if response.headers.get("content-type", "").startswith("application/json"):
                     for delta in decoder.feed_whole(await read_capped(response, None)):
@@ -123,7 +122,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
                 # Read to the end of the body even after the terminal event (the decoder
                 # ignores what follows): only a response read to its end gives its
                 # connection back to the pool, to be kept alive for the next turn.
-                async with contextlib.aclosing(sse_events(response.aiter_bytes())) as events:
+                async with contextlib.aclosing(sse_events(response.content.iter_any())) as events:
                     async for event, data in events:
                         for delta in decoder.feed_event(event, data):
                             yield delta

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 
 from app.backends.base import (
@@ -35,6 +35,7 @@ from app.backends.base import (
     Usage,
 )
 from app.backends.chat_completions import ChatCompletionsBackend
+from app.backends.upstream_http import Timeouts
 from app.backends.chat_stream import SSEParser
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError, TooManyRequests
 from tests.upstream_server import (
@@ -724,7 +725,7 @@ async def test_an_unknown_model_is_not_found(backend: ChatCompletionsBackend) ->
 
 async def test_a_silent_upstream_times_out(upstream: ScriptedUpstream) -> None:
     model = upstream.stream(chunk(content="slow"), Pause(2.0), DONE)
-    chat = ChatCompletionsBackend(upstream.base_url, timeout=httpx.Timeout(5.0, read=0.3))
+    chat = ChatCompletionsBackend(upstream.base_url, timeout=Timeouts(connect=5.0, read=0.3))
     try:
         with pytest.raises(ModelError) as failure:
             await collect(chat, ask(model))
@@ -806,20 +807,20 @@ async def test_without_an_allow_list_every_model_is_served() -> None:
     assert chat.serves("anything") and chat.models() == []
 
 
-async def test_an_injected_client_is_used_and_left_open(upstream: ScriptedUpstream) -> None:
+async def test_an_injected_session_is_used_and_left_open(upstream: ScriptedUpstream) -> None:
     model = upstream.stream(chunk(content="hi", finish_reason="stop"), DONE)
-    async with httpx.AsyncClient(headers={"x-injected": "yes"}) as client:
-        chat = ChatCompletionsBackend(upstream.base_url, client=client)
+    async with aiohttp.ClientSession(headers={"x-injected": "yes"}) as session:
+        chat = ChatCompletionsBackend(upstream.base_url, session=session)
         await chat.start()
         assert (await collect(chat, ask(model)))[-1] == Finish("stop")
         await chat.aclose()
-        assert not client.is_closed
+        assert not session.closed
     assert upstream.requests_for(model)[0].headers["x-injected"] == "yes"
 
 
-async def test_the_owned_client_is_closed_by_aclose(upstream: ScriptedUpstream) -> None:
+async def test_the_owned_session_is_closed_by_aclose(upstream: ScriptedUpstream) -> None:
     chat = ChatCompletionsBackend(upstream.base_url)
     await chat.start()
-    client = chat._http()
+    session = chat._http()
     await chat.aclose()
-    assert client.is_closed
+    assert session.closed

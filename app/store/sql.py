@@ -221,16 +221,29 @@ class SqlResponseStore(ResponseStore):
     async def record(
         self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
     ) -> bool:
-        begin = self._begin_work(response)
-        finish = _finish_work(response.tenant, response.id, resource, output_items, await pack_events(events))
+        # Nobody else can know the id yet (see the base class): no row to lock or update,
+        # the row goes in already finished, with its items and events: three statements.
+        status = resource.get("status")
+        if status not in TERMINAL:
+            raise ValueError(f"a finished response has a terminal status, not {status!r}")
+        now = _now_ms()
+        begin = self._begin_work(response, final={"status": status, "resource": resource, "finished_at": now,
+                                                  "updated_at": now},
+                                 output_items=output_items)
+        body = await pack_events(events)
 
         def work(connection: Connection) -> bool:
             begin(connection)
-            return finish(connection)
+            connection.execute(_INSERT_EVENTS, {"response_id": response.id, "body": body})
+            return True
 
         return await self._write(work)
 
-    def _begin_work(self, response: NewResponse) -> Callable[[Connection], None]:
+    def _begin_work(
+        self, response: NewResponse, *, final: JSON | None = None, output_items: Sequence[JSON] = ()
+    ) -> Callable[[Connection], None]:
+        """The row and its input items; with ``final`` (the terminal columns) and
+        ``output_items``, a response recorded whole."""
         if response.status not in NON_TERMINAL:
             raise ValueError(f"a response begins queued or in_progress, not {response.status!r}")
         row = {
@@ -246,8 +259,9 @@ class SqlResponseStore(ResponseStore):
             "background": response.background,
             "owner": self.instance_id,
             "updated_at": _now_ms(),
-        }
+        } | (final or {})
         input_rows = _item_rows(response.id, "input", response.input_items)
+        input_rows += _item_rows(response.id, "output", output_items)
 
         def work(connection: Connection) -> None:
             previous = response.previous_response_id

@@ -80,15 +80,21 @@ def history_for(engine: Engine, tenant: str) -> HistorySource:
 
 
 @router.post("/v1/responses")
-async def create_response(
-    request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep, limiter: LimiterDep
-) -> Response:
+async def create_response(request: Request) -> Response:
     """Create a response: JSON by default, SSE with ``stream: true``; ``background: true``
     runs it in a task of its own and answers at once. The tenant's rate limits are
     checked first; the place it holds among the tenant's responses in flight is released
     when the response ends (its terminal event, the client leaving, an error before it
-    started, or a background run's end)."""
-    lease = await limiter.acquire(tenant)
+    started, or a background run's end).
+
+    The hot path: what the other routes get as FastAPI dependencies is read here from
+    the app's state directly (resolving four dependencies cost about as much as the
+    rest of the route's own work)."""
+    state = request.app.state
+    engine: Engine = state.engine
+    live: LiveTurns = state.live
+    tenant = await get_tenant(request)
+    lease = await state.limiter.acquire(tenant)
     try:
         turn = await engine.prepare(
             decode_json(await request.body(), engine.limits.max_json_depth),
@@ -99,7 +105,7 @@ async def create_response(
         await lease.release()
         raise
     body = turn.body
-    drain = request.app.state.drain
+    drain = state.drain
     if body.background:
         live.start_background(turn, on_end=lease.release)
         # its first event exists once its start is recorded; a start that fails is a

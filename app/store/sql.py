@@ -422,8 +422,8 @@ class SqlResponseStore(ResponseStore):
         return await self._db.read(work)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        query = select(*_STORED_COLUMNS).where(_visible(tenant, response_id))
-        row = await self._read(lambda connection: connection.execute(query).first())
+        params = {"b_tenant": tenant, "b_id": response_id}
+        row = await self._read(lambda connection: connection.execute(_GET, params).first())
         return None if row is None else _stored(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
@@ -492,12 +492,8 @@ class SqlResponseStore(ResponseStore):
         return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
 
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
-        query = (
-            select(event_rows.c.body)
-            .join(responses, responses.c.id == event_rows.c.response_id)
-            .where(_visible(tenant, response_id))
-        )
-        body = await self._read(lambda connection: connection.scalar(query))
+        params = {"b_tenant": tenant, "b_id": response_id}
+        body = await self._read(lambda connection: connection.scalar(_EVENTS, params))
         return None if body is None else await unpack_events(body)
 
 
@@ -506,7 +502,8 @@ class SqlResponseStore(ResponseStore):
 _INSERT_RESPONSE = insert(responses)
 _INSERT_ITEM = insert(items)
 _INSERT_EVENTS = insert(event_rows)
-"""Built once: SQLAlchemy compiles each once and reuses the compiled form."""
+"""Built once: SQLAlchemy compiles each once and reuses the compiled form (the other
+statements of the hot path follow ``_STORED_COLUMNS``, below)."""
 
 
 def _finish_work(
@@ -527,11 +524,8 @@ def _finish_work(
             connection.execute(_INSERT_ITEM, output_rows)
         connection.execute(_INSERT_EVENTS, {"response_id": response_id, "body": body})
         now = _now_ms()
-        connection.execute(
-            update(responses)
-            .where(responses.c.id == response_id)
-            .values(status=status, resource=resource, updated_at=now, finished_at=now)
-        )
+        connection.execute(_FINISH, {"b_id": response_id, "status": status, "resource": resource, "updated_at": now,
+                                     "finished_at": now})
         return True
 
     return work
@@ -549,6 +543,15 @@ _STORED_COLUMNS = (
     responses.c.resource,
     responses.c.background,
 )
+
+_BY_ID = (responses.c.id == bindparam("b_id")) & (responses.c.tenant == bindparam("b_tenant"))
+_GET = select(*_STORED_COLUMNS).where(_BY_ID & responses.c.deleted_at.is_(None))
+_EVENTS = (select(event_rows.c.body).join(responses, responses.c.id == event_rows.c.response_id)
+           .where(_BY_ID & responses.c.deleted_at.is_(None)))
+_LOCK = select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(_BY_ID).with_for_update()
+_FINISH = update(responses).where(responses.c.id == bindparam("b_id"))
+"""The statements of the hot path, built once: SQLAlchemy compiles each once and reuses
+the compiled form, where one built per call pays for its construction and cache key."""
 
 
 def _stored(row: Row[Any], *, status: str | None = None, resource: JSON | None = None) -> StoredResponse:
@@ -635,13 +638,7 @@ def _ancestry(
 
 
 def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> Row[Any]:
-    row = (
-        connection.execute(
-            select(responses.c.status, responses.c.finished_at, responses.c.deleted_at)
-            .where(responses.c.id == response_id, responses.c.tenant == tenant)
-            .with_for_update()
-        )
-    ).first()
+    row = connection.execute(_LOCK, {"b_tenant": tenant, "b_id": response_id}).first()
     if row is None:
         raise StoreConflict(f"Response '{response_id}' was never begun.")
     return row

@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 import logging
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -114,10 +115,29 @@ class SealedContent(Protocol):
         """Reasoning sealed by this server, or ``None`` (another provider's blob)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """The chat messages some items make (see :func:`build_messages`), and the reasoning
+    that waits for the next assistant message. Extending one with more items gives what
+    building all the items at once gives, so a chain's conversation is built once and
+    each turn only adds its own items."""
+
+    messages: tuple[ChatMessage, ...] = ()
+    pending_reasoning: tuple[str, ...] = ()
+
+
+EMPTY = Conversation()
+
+
 def build_messages(
-    instructions: str | None, items: Iterable[object], *, sealed: SealedContent | None = None
+    instructions: str | None,
+    items: Iterable[object],
+    *,
+    sealed: SealedContent | None = None,
+    start: Conversation = EMPTY,
 ) -> list[ChatMessage]:
-    """Turn ``instructions`` and input items (already checked) into chat messages.
+    """Turn ``instructions`` and input items (already checked) into chat messages, after
+    the conversation ``start`` (the earlier items of a chain, already built).
 
     Consecutive ``function_call`` items become one assistant message with several tool
     calls, joined to the assistant text right before them; reasoning is attached to the
@@ -125,10 +145,17 @@ def build_messages(
     the summary it holds; reasoning whose ``encrypted_content`` this server cannot open
     is dropped (with a log line), never fatal.
     """
-    messages: list[ChatMessage] = []
-    if instructions:
-        messages.append(ChatMessage(role="system", content=instructions))
-    pending_reasoning: list[str] = []
+    conversation = extend_conversation(start, items, sealed=sealed)
+    head = [ChatMessage(role="system", content=instructions)] if instructions else []
+    return [*head, *conversation.messages]
+
+
+def extend_conversation(
+    start: Conversation, items: Iterable[object], *, sealed: SealedContent | None = None
+) -> Conversation:
+    """``start`` followed by ``items`` (see :func:`build_messages`)."""
+    messages = list(start.messages)
+    pending_reasoning = list(start.pending_reasoning)
     for item in items:
         if isinstance(item, UserMessageParam):
             messages.append(ChatMessage(role="user", content=_content_text(item.content)))
@@ -182,7 +209,7 @@ def build_messages(
                 messages.append(ChatMessage(role="system", content=summary))
         else:
             raise TypeError(f"item of type {type(item).__name__} must be resolved before build_messages")
-    return messages
+    return Conversation(tuple(messages), tuple(pending_reasoning))
 
 
 def _tool_call(item: FunctionCallParam | CustomToolCallParam) -> ToolCall:

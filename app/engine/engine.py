@@ -137,7 +137,7 @@ class Engine:
         for index, item in enumerate(new_items):
             if isinstance(item, CompactionParam):
                 _check_compaction(sealed, item, f"input[{index}]")
-        messages = build_messages(body.instructions, [*past.items, *new_items], sealed=sealed)
+        messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         tools = tuple(
@@ -187,7 +187,7 @@ class Engine:
             cache, response_id = self.history_cache, initial.id
 
             def on_recorded(output: list[dict[str, Any]]) -> None:
-                cache.remember(tenant, response_id, past, tools_json, [*inputs_stored, *output])
+                cache.remember(tenant, response_id, past, tools_json, [*inputs_stored, *output], sealed=sealed)
 
         return Turn(
             body=body,

@@ -7,8 +7,10 @@ Instructions are not inherited.
 A finished response's chain never changes (deleting an ancestor keeps the items its
 visible descendants need), so the chain of a response this process has just recorded is
 kept in a :class:`HistoryCache`: the parent's history plus the response's own items,
-built from O(own items). Turn 1,000 of a conversation then costs what turn 2 costs to
-load, instead of reading and converting 2,000 items. Visibility is never cached: every
+built from O(own items), and so is its conversation (the chat messages its items make,
+:class:`~app.engine.context.Conversation`). Turn 1,000 of a conversation then costs what
+turn 2 costs to load and to turn into messages, instead of reading and converting 2,000
+items. Visibility is never cached: every
 load still asks the store whether the response exists for the tenant (and has finished).
 """
 
@@ -19,11 +21,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.context import EMPTY, Conversation, SealedContent, extend_conversation
 from app.engine.items import from_stored
 from app.errors import InvalidRequest, PreviousResponseNotFound
 from app.store.base import ResponseStore
 
 JSON = dict[str, Any]
+
+
+@dataclass(slots=True)
+class _Memo:
+    conversation: Conversation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +42,14 @@ class History:
     tools: list[JSON] = field(default_factory=list)
     stored_items: list[JSON] = field(default_factory=list)
     """The same items in stored (wire) form, for a connection cache to keep."""
+    _memo: _Memo = field(default_factory=_Memo, compare=False, repr=False)
+
+    def conversation(self, sealed: SealedContent | None = None) -> Conversation:
+        """The chat messages of :attr:`items`, built once per history (a cached chain's
+        is extended from its parent's by :meth:`HistoryCache.remember`)."""
+        if self._memo.conversation is None:
+            self._memo.conversation = extend_conversation(EMPTY, self.items, sealed=sealed)
+        return self._memo.conversation
 
 
 def not_found(response_id: str) -> PreviousResponseNotFound:
@@ -69,17 +85,23 @@ class HistoryCache:
         return history
 
     def remember(
-        self, tenant: str, response_id: str, past: History, tools: list[JSON], own: list[JSON]
+        self, tenant: str, response_id: str, past: History, tools: list[JSON], own: list[JSON],
+        *, sealed: SealedContent | None = None,
     ) -> None:
         """The chain up to ``response_id``: ``past`` (its parent's), then its own items
-        (stored form: inputs then outputs) and the tools it offered."""
+        (stored form: inputs then outputs) and the tools it offered. Its conversation is
+        the parent's extended by the own items, when the parent's was built."""
         if self.size <= 0:
             return
-        self._entries[(tenant, response_id)] = History(
-            items=[*past.items, *(from_stored(item) for item in own)],
+        parsed = [from_stored(item) for item in own]
+        history = History(
+            items=[*past.items, *parsed],
             tools=[*past.tools, *tools],
             stored_items=[*past.stored_items, *own],
         )
+        if past._memo.conversation is not None:
+            history._memo.conversation = extend_conversation(past._memo.conversation, parsed, sealed=sealed)
+        self._entries[(tenant, response_id)] = history
         self._entries.move_to_end((tenant, response_id))
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)

@@ -48,6 +48,7 @@ response.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -112,6 +113,7 @@ class ChatCompletionsBackend(HttpUpstream):
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
                          headers=headers, owned_by=owned_by)
+        self._message_json: dict[int, tuple[ChatMessage, str]] = {}
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
@@ -132,12 +134,13 @@ class ChatCompletionsBackend(HttpUpstream):
         just closed fails; no output has been seen, so nothing is repeated or lost.
         """
         url = f"{self.base_url}/chat/completions"
-        payload = self.payload(request)
+        payload = self.payload(request, messages=False)
+        body = self._body(payload, request.messages)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         for attempt in (1, 2):
             decoder = ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs)
             try:
-                async with contextlib.aclosing(self._attempt(url, payload, request.model, decoder)) as deltas:
+                async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
                     async for delta in deltas:
                         yield delta
             except ModelError as exc:
@@ -152,10 +155,10 @@ class ChatCompletionsBackend(HttpUpstream):
         yield decoder.finish()
 
     async def _attempt(
-        self, url: str, payload: dict[str, Any], model: str, decoder: ChunkDecoder
+        self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ChunkDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self.post_stream(url, payload) as response:
+            async with self.post_stream(url, body) as response:
                 if not 200 <= response.status < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
                     raise error_for_status(
@@ -175,14 +178,13 @@ class ChatCompletionsBackend(HttpUpstream):
                         for delta in decoder.feed_event(event, data):
                             yield delta
 
-    def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        """The Chat Completions request body for ``request`` (always streaming)."""
-        body: dict[str, Any] = {
-            "model": request.model,
-            "messages": [self._message(message) for message in request.messages],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+    def payload(self, request: GenerationRequest, *, messages: bool = True) -> dict[str, Any]:
+        """The Chat Completions request body for ``request`` (always streaming); without
+        ``messages``, all of it but the messages (see :meth:`_body`)."""
+        body: dict[str, Any] = {"model": request.model}
+        if messages:
+            body["messages"] = [self._message(message) for message in request.messages]
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
         if request.tools:
             # Every tool stays visible (a stable prompt prefix); ``allowed`` is enforced downstream.
             body["tools"] = [_tool(spec) for spec in request.tools]
@@ -205,6 +207,24 @@ class ChatCompletionsBackend(HttpUpstream):
         if sampling.logprobs:
             body.update(logprobs=True, top_logprobs=sampling.top_logprobs or 0)
         return body
+
+    def _body(self, payload: dict[str, Any], messages: Sequence[ChatMessage]) -> bytes:
+        """The request body: ``payload`` with the messages spliced in, each message's JSON
+        made once and kept. A conversation's past messages are the same objects turn after
+        turn (the engine keeps each chain's conversation), so turn 1,000 serializes only its
+        new ones. Kept by object identity (the entry holds the message, so its id stays
+        its own); up to :data:`MESSAGE_JSON_CACHE` of them, then the cache starts over."""
+        cache = self._message_json
+        fragments = []
+        for message in messages:
+            entry = cache.get(id(message))
+            if entry is None or entry[0] is not message:
+                if len(cache) >= MESSAGE_JSON_CACHE:
+                    cache.clear()
+                entry = cache[id(message)] = (message, _dumps(self._message(message)))
+            fragments.append(entry[1])
+        head = _dumps(payload)
+        return f'{head[:-1]},"messages":[{",".join(fragments)}]}}'.encode()
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:
         role = "system" if message.role == "developer" else message.role
@@ -239,6 +259,14 @@ class ChatCompletionsBackend(HttpUpstream):
         if output.strict is not None:
             spec["strict"] = output.strict
         return {"type": "json_schema", "json_schema": spec}
+
+
+MESSAGE_JSON_CACHE = 65_536
+"""Messages whose JSON one upstream keeps (a few hundred bytes each, typically)."""
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

@@ -106,11 +106,12 @@ class HttpUpstream(Backend):
         return self._session
 
     @contextlib.asynccontextmanager
-    async def post_stream(self, url: str, payload: dict[str, Any]) -> AsyncIterator[aiohttp.ClientResponse]:
-        """``POST`` ``payload`` as JSON asking for an event stream; the response, whose body
-        the caller reads (``content.iter_any()``). Leaving the block before the end of the
-        body closes the connection."""
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    async def post_stream(self, url: str, payload: dict[str, Any] | bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+        """``POST`` ``payload`` as JSON (or JSON already encoded) asking for an event
+        stream; the response, whose body the caller reads (``content.iter_any()``).
+        Leaving the block before the end of the body closes the connection."""
+        body = payload if isinstance(payload, bytes) else json.dumps(payload, ensure_ascii=False,
+                                                                      separators=(",", ":")).encode()
         headers = {**self._headers, "Accept": "text/event-stream", "Content-Type": "application/json"}
         async with self._http().post(url, data=body, headers=headers, allow_redirects=False) as response:
             yield response

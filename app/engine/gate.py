@@ -309,17 +309,8 @@ class _Walk:
         self.paths = paths
         self.toolbox = toolbox
         self.block_unknown_tool = block_unknown_tool
-        self.chain_calls: dict[str, JSON] = {}
-        self.chain_answered: set[str] = set()
-        for item in history:
-            call_id = _call_id(item)
-            if call_id is None:
-                continue
-            if _is_output(item):
-                self.chain_answered.add(call_id)
-            else:
-                self.chain_calls[call_id] = item
-                self.chain_answered.discard(call_id)
+        self._history = history
+        self._chain: tuple[dict[str, JSON], set[str]] | None = None
         self.later_calls: dict[str, int] = {}
         for index, item in enumerate(items):
             call_id = _call_id(item)
@@ -328,6 +319,32 @@ class _Walk:
         self.seen_calls: dict[str, int] = {}
         self.answered: dict[str, int] = {}
         self.call_problems: dict[int, _Problem | None] = {}
+
+    @property
+    def chain_calls(self) -> dict[str, JSON]:
+        return self._chain_index()[0]
+
+    @property
+    def chain_answered(self) -> set[str]:
+        return self._chain_index()[1]
+
+    def _chain_index(self) -> tuple[dict[str, JSON], set[str]]:
+        """The chain's calls by ``call_id`` and the ids answered in it, indexed when an
+        output first needs them: a turn that answers nothing never walks its history."""
+        if self._chain is None:
+            calls: dict[str, JSON] = {}
+            answered: set[str] = set()
+            for item in self._history:
+                call_id = _call_id(item)
+                if call_id is None:
+                    continue
+                if _is_output(item):
+                    answered.add(call_id)
+                else:
+                    calls[call_id] = item
+                    answered.discard(call_id)
+            self._chain = calls, answered
+        return self._chain
 
     def findings(self) -> list[Finding]:
         found: list[Finding] = []

@@ -17,6 +17,7 @@ load still asks the store whether the response exists for the tenant (and has fi
 from __future__ import annotations
 
 import abc
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,27 @@ def not_found(response_id: str) -> PreviousResponseNotFound:
     )
 
 
+def merge_tools(earlier: list[JSON], later: list[JSON]) -> list[JSON]:
+    """The tools a chain's responses offered, each name once, its latest definition
+    winning (what the replay gate holds a replayed call to): an agent that sends the same
+    30 tools every turn has 30 of them at turn 1,000, not 30,000."""
+    if not later:
+        return earlier
+    merged = {_tool_key(tool): tool for tool in earlier}
+    for tool in later:
+        key = _tool_key(tool)
+        merged.pop(key, None)
+        merged[key] = tool
+    return list(merged.values())
+
+
+def _tool_key(tool: JSON) -> str:
+    name, namespace = tool.get("name"), tool.get("namespace")
+    if isinstance(name, str):
+        return f"{namespace}/{name}" if isinstance(namespace, str) else name
+    return json.dumps(tool, sort_keys=True)
+
+
 class HistorySource(abc.ABC):
     @abc.abstractmethod
     async def load(self, response_id: str) -> History:
@@ -96,7 +118,7 @@ class HistoryCache:
         parsed = [from_stored(item) for item in own]
         history = History(
             items=[*past.items, *parsed],
-            tools=[*past.tools, *tools],
+            tools=merge_tools(past.tools, tools),
             stored_items=[*past.stored_items, *own],
         )
         if past._memo.conversation is not None:
@@ -136,5 +158,5 @@ class StoredHistory(HistorySource):
         for link in links:
             stored += link.input_items
             stored += link.output_items
-            tools += link.tools
+            tools = merge_tools(tools, link.tools)
         return History(items=[from_stored(item) for item in stored], tools=tools, stored_items=stored)

@@ -46,7 +46,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from app.engine.items import from_stored
-from app.engine.history import History, HistorySource, NoHistory, StoredHistory, not_found
+from app.engine.history import History, HistorySource, NoHistory, StoredHistory, merge_tools, not_found
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Turn
@@ -83,11 +83,11 @@ class ConnectionHistory(HistorySource):
 
     def remember(self, turn: Turn, past: History) -> None:
         output = [item.model_dump(mode="json") for item in turn.response.output]
-        stored = [*past.stored_items, *turn.input_items, *output]
+        own = [*turn.input_items, *output]
         self.latest = (
             turn.id,
-            History(items=[from_stored(item) for item in stored], tools=[*past.tools, *turn.tools],
-                    stored_items=stored),
+            History(items=[*past.items, *(from_stored(item) for item in own)], tools=merge_tools(past.tools, turn.tools),
+                    stored_items=[*past.stored_items, *own]),
         )
 
     def evict(self, response_id: str) -> None:

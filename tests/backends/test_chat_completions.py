@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+from dataclasses import replace
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -824,3 +825,17 @@ async def test_the_owned_session_is_closed_by_aclose(upstream: ScriptedUpstream)
     session = chat._http()
     await chat.aclose()
     assert session.closed
+
+
+def test_the_body_sent_is_the_payload_with_each_messages_json_made_once() -> None:
+    chat = ChatCompletionsBackend("http://127.0.0.1:1/v1")
+    history = (ChatMessage(role="system", content="Be brief. «ü»"), ChatMessage(role="user", content="Hi"),
+               ChatMessage(role="assistant", content="", tool_calls=(ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
+               ChatMessage(role="tool", content="12 C", tool_call_id="c1"))
+    request = replace(ask("m", tools=(WEATHER,)), messages=history)
+    body = chat._body(chat.payload(request, messages=False), request.messages)
+    assert json.loads(body) == chat.payload(request)
+    assert len(chat._message_json) == len(history)
+    longer = replace(request, messages=(*history, ChatMessage(role="user", content="And Rome?")))
+    assert json.loads(chat._body(chat.payload(longer, messages=False), longer.messages)) == chat.payload(longer)
+    assert len(chat._message_json) == len(history) + 1  # the past messages' JSON was reused

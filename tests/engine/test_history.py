@@ -73,3 +73,17 @@ def test_least_recently_used_out() -> None:
         cache.remember("t", name, History(), [], [])
     assert cache.get("t", "a") is None and cache.get("t", "b") is not None and cache.get("t", "c") is not None
     assert HistoryCache(0).get("t", "x") is None
+
+
+def test_a_chain_keeps_each_tool_once_with_its_latest_definition() -> None:
+    from app.engine.history import merge_tools
+
+    old = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    new = {"type": "function", "name": "f", "parameters": {"type": "object", "required": ["x"]}}
+    other = {"type": "function", "name": "g"}
+    spawn = {"type": "function", "name": "f", "namespace": "agents"}
+    tools: list[dict[str, object]] = []
+    for _ in range(100):
+        tools = merge_tools(tools, [old, other, spawn])
+    assert tools == [old, other, spawn]
+    assert merge_tools(tools, [new]) == [other, spawn, new]

@@ -64,12 +64,12 @@ class LiveTurns:
         finally:
             self._turns.pop(turn.id, None)
 
-    async def tracked_events(self, turn: Turn) -> AsyncIterator[Emitted]:
-        """``turn.events()`` while the turn is registered; closing this closes those."""
+    async def tracked_batches(self, turn: Turn) -> AsyncIterator[list[Emitted]]:
+        """``turn.batches()`` while the turn is registered; closing this closes those."""
         with self.tracking(turn):
-            async with contextlib.aclosing(turn.events()) as events:
-                async for emitted in events:
-                    yield emitted
+            async with contextlib.aclosing(turn.batches()) as batches:
+                async for batch in batches:
+                    yield batch
 
     def start_background(self, turn: Turn, on_end: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run ``turn`` in a task of its own: it goes on whether or not anyone listens.

@@ -65,6 +65,7 @@ from app.protocol.responses import (
     ResponseResource,
 )
 from app.store.base import NewResponse, ResponseStore
+from app.store.schema import Serialized
 
 log = logging.getLogger("ors.turn")
 
@@ -159,6 +160,10 @@ class Turn:
         self._opened = False
         self._deferred: NewResponse | None = None
         self._defer = False
+        self._serialize = True
+        self.answer: str | None = None
+        """The final response's JSON once recorded (made once: the store and a JSON
+        answer share it)."""
 
     @property
     def id(self) -> str:
@@ -245,6 +250,19 @@ class Turn:
     # ------------------------------------------------------------ driving
 
     async def events(self) -> AsyncIterator[Emitted]:
+        """The events one by one (see :meth:`batches`)."""
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for batch in batches:
+                for emitted in batch:
+                    yield emitted
+
+    async def batches(self) -> AsyncIterator[list[Emitted]]:
+        """Drive the turn; the events in batches, each non-empty. A batch is what exists
+        at once: the start, or every delta already queued when the consumer asks (a burst
+        from the backend becomes one batch, and a transport writes it with one send); a
+        delta is never held back to wait for another. Each batch is emitted (recorded)
+        whole before it is yielded, so a consumer leaving between batches never leaves a
+        gap in the sequence numbers."""
         builder = self.builder
         self.phase = TurnPhase.RUNNING
         began = False
@@ -255,14 +273,12 @@ class Turn:
         try:
             await self.open()
             began = True
-            # each batch is emitted (recorded) whole before any of it is yielded, so a
-            # consumer leaving mid-batch never leaves a gap in the sequence numbers
-            for emitted in [self._emit(event) for event in builder.start()]:
-                yield emitted
+            batch = [self._emit(event) for event in builder.start()]
             if builder.status == "queued":
-                for emitted in [self._emit(event) for event in builder.begin()]:
-                    yield emitted
+                yield batch
+                batch = [self._emit(event) for event in builder.begin()]
                 await self._record_status()
+            yield batch
             queue: asyncio.Queue[object] = asyncio.Queue(maxsize=_QUEUE_SIZE)
             self._queue = queue
             if self._control is None:
@@ -273,13 +289,22 @@ class Turn:
                     got = await queue.get()
                     # a signal that came while waiting wins over whatever was queued
                     got = self._control or got
-                batch = [self._emit(event) for event in self._next_events(got)]
+                batch: list[Emitted] = []
+                last = [self._emit(event) for event in self._next_events(got)]
+                # what else is already queued joins this batch (never waited for)
+                while not builder.finished and not queue.empty() and self._control is None:
+                    batch += last
+                    last = [self._emit(event) for event in self._next_events(queue.get_nowait())]
                 if builder.finished:
+                    if batch:  # what came before the end does not wait for its write
+                        yield batch
+                        batch = []
                     # durable before the client sees the end: a client may fetch or
                     # continue the response the moment it reads the terminal event
                     await self._settle()
-                for emitted in batch:
-                    yield emitted
+                batch += last
+                if batch:
+                    yield batch
         except BaseException as exc:
             if not self.emitted and self.start_error is None:
                 self.start_error = exc
@@ -361,15 +386,15 @@ class Turn:
             await stream.aclose()  # type: ignore[attr-defined]
 
     def _emit(self, event: StreamEvent) -> Emitted:
-        emitted = Emitted(event.type, event.model_dump_json())
+        emitted = Emitted(event.type, event.model_dump_json() if self._serialize else "")
         self.emitted.append(emitted)
         self._wake()
         return emitted
 
     async def run(self) -> ResponseResource:
         """Drain the events; the terminal response."""
-        async with contextlib.aclosing(self.events()) as events:
-            async for _ in events:
+        async with contextlib.aclosing(self.batches()) as batches:
+            async for _ in batches:
                 pass
         return self.builder.response
 
@@ -405,16 +430,23 @@ class Turn:
         with the response itself. Call before the turn runs."""
         self._defer = True
 
+    def unread(self) -> None:
+        """Nobody will read this turn's events (a JSON answer that is not stored): they
+        are still made, so every state machine runs, but not serialized. Call before the
+        turn runs."""
+        if self.store is None:
+            self._serialize = False
+
     async def discard(self) -> None:
         """End a turn that was opened but never driven (its client left before the
         stream began) as a client leaving ends one: ``incomplete``, recorded. Nothing
         to do for a turn that ran or was never opened."""
         if not self._opened or self.phase is not TurnPhase.PREPARED:
             return
-        events = self.events()
+        batches = self.batches()
         with contextlib.suppress(StopAsyncIteration):
-            await events.__anext__()
-        await events.aclose()
+            await batches.__anext__()
+        await batches.aclose()
 
     # ------------------------------------------------------------ storage
 
@@ -431,7 +463,7 @@ class Turn:
             previous_response_id=resource.previous_response_id,
             instructions=resource.instructions,
             tools=self.tools,
-            resource=resource.model_dump(mode="json"),
+            resource={} if self._defer else resource.model_dump(mode="json"),  # deferred: the end's replaces it
             input_items=self.input_items,
             background=resource.background,
         )
@@ -455,7 +487,7 @@ class Turn:
             return
         self._recorded_end = True
         resource = self.builder.response
-        final = resource.model_dump(mode="json")
+        self.answer = final = Serialized(resource.model_dump_json(), str(resource.status))
         output = [item.model_dump(mode="json") for item in resource.output]
         events = [emitted.data for emitted in self.emitted]
         try:

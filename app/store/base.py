@@ -41,8 +41,11 @@ from typing import Any, Literal
 
 from app.errors import ServerError
 from app.store.relay import RelayedEvent, Source
+from app.store.schema import Serialized
 
 JSON = dict[str, Any]
+Document = JSON | Serialized
+"""A response snapshot as a dict, or already serialized."""
 Order = Literal["asc", "desc"]
 
 
@@ -129,7 +132,7 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def finish(
-        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
     ) -> bool:
         """Record the end of a response (output items, final snapshot whose ``status`` is
         terminal, serialized events) in one transaction; ``True`` when written. Finishing
@@ -137,7 +140,7 @@ class ResponseStore(abc.ABC):
         deleted meanwhile leaves it as it is, writes nothing and returns ``False``."""
 
     async def record(
-        self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str]
     ) -> bool:
         """:meth:`begin` and :meth:`finish` of a response in one transaction: for a
         response nobody could see before it ended (a plain JSON answer: its id is first

@@ -64,14 +64,29 @@ def dumps_json(value: Any) -> str:
     return text
 
 
+class Serialized(str):
+    """A JSON object already serialized (compact, UTF-8 text) by whoever made it, with
+    its ``status``, the one field the store reads of it. Stored as it is: the final
+    response is serialized once, for the store and for the client alike."""
+
+    status: str
+
+    def __new__(cls, text: str, status: str) -> Serialized:
+        document = super().__new__(cls, text)
+        document.status = status
+        return document
+
+
 class JsonText(TypeDecorator[Any]):
-    """A JSON document stored as text."""
+    """A JSON document stored as text (a :class:`Serialized` one as it is)."""
 
     impl = Text
     cache_ok = True
 
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
-        return None if value is None else dumps_json(value)
+        if value is None:
+            return None
+        return str(value) if isinstance(value, Serialized) else dumps_json(value)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> Any:
         return None if value is None else json.loads(value)

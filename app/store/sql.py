@@ -50,6 +50,7 @@ from app.errors import PreviousResponseNotFound
 from app.store.base import (
     JSON,
     ChainLink,
+    Document,
     ItemPage,
     NewResponse,
     Order,
@@ -71,7 +72,7 @@ from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
-from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
+from app.store.schema import NON_TERMINAL, TERMINAL, Serialized, items, responses
 from app.store.schema import events as event_rows
 
 log = logging.getLogger(__name__)
@@ -211,7 +212,7 @@ class SqlResponseStore(ResponseStore):
         await self._write(self._begin_work(response))
 
     async def finish(
-        self, tenant: str, response_id: str, resource: JSON, output_items: list[JSON], events: list[str]
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
@@ -219,11 +220,11 @@ class SqlResponseStore(ResponseStore):
         return await self._write(work)
 
     async def record(
-        self, response: NewResponse, resource: JSON, output_items: list[JSON], events: list[str]
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str]
     ) -> bool:
         # Nobody else can know the id yet (see the base class): no row to lock or update,
         # the row goes in already finished, with its items and events: three statements.
-        status = resource.get("status")
+        status = _status(resource)
         if status not in TERMINAL:
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
         now = _now_ms()
@@ -506,10 +507,14 @@ _INSERT_EVENTS = insert(event_rows)
 statements of the hot path follow ``_STORED_COLUMNS``, below)."""
 
 
+def _status(resource: Document) -> Any:
+    return resource.status if isinstance(resource, Serialized) else resource.get("status")
+
+
 def _finish_work(
-    tenant: str, response_id: str, resource: JSON, output_items: list[JSON], body: bytes
+    tenant: str, response_id: str, resource: Document, output_items: list[JSON], body: bytes
 ) -> Callable[[Connection], bool]:
-    status = resource.get("status")
+    status = _status(resource)
     if status not in TERMINAL:
         raise ValueError(f"a finished response has a terminal status, not {status!r}")
     output_rows = _item_rows(response_id, "output", output_items)

@@ -122,10 +122,13 @@ async def create_response(request: Request) -> Response:
             raise
         return stream_turn(turn, drain, live, on_end=lease.release)
     turn.defer_recording()  # nobody knows its id before the answer: one write, at the end
+    turn.unread()  # and unstored, nobody reads its events
     async with lease:
         response = await _run_while_connected(request, turn, live)
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)
+    if turn.answer is not None:  # serialized once, for the store and for the client
+        return Response(turn.answer, media_type="application/json")
     return _json(response)
 
 
@@ -261,8 +264,8 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
     """Run a non-streaming turn, cancelling it if the client disconnects first."""
 
     async def drive() -> ResponseResource:
-        async with contextlib.aclosing(live.tracked_events(turn)) as events:
-            async for _ in events:
+        async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
+            async for _ in batches:
                 pass
         return turn.response
 

@@ -70,9 +70,9 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
     async def body() -> AsyncIterator[bytes]:
         watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
         try:
-            async with contextlib.aclosing(live.tracked_events(turn)) as events:
-                async for emitted in events:
-                    yield encode_event(emitted.type, emitted.data)
+            async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
+                async for batch in batches:  # one send per batch
+                    yield b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
             await ended()
             yield DONE_FRAME
         finally:

@@ -227,9 +227,10 @@ class Connection:
             return
         self.current = turn
         try:
-            async with contextlib.aclosing(self.live.tracked_events(turn)) as events:
-                async for emitted in events:
-                    await self.socket.send_text(emitted.data)
+            async with contextlib.aclosing(self.live.tracked_batches(turn)) as batches:
+                async for batch in batches:
+                    for emitted in batch:
+                        await self.socket.send_text(emitted.data)
         finally:
             self.current = None
         if turn.response.status in ("failed", "cancelled"):

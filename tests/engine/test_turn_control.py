@@ -76,16 +76,19 @@ async def _until_queue_full(turn: Turn) -> None:
 
 async def _stopped_reader(turn: Turn, signal: Any) -> tuple[list[Emitted], list[Emitted]]:
     """Read up to the first delta, stop reading until the queue is full, send the signal,
-    check generation stopped while nobody read, then read the rest."""
+    check generation stopped while nobody read, then read the rest. ``before`` is every
+    event made before the signal (the reader's batch may hold more than it read), ``after``
+    every event made after it."""
     events = turn.events()
-    before = await _read_until_first_delta(events)
+    await _read_until_first_delta(events)
     await _until_queue_full(turn)
+    made = len(turn.emitted)
     signal()  # must neither raise QueueFull nor block
     pump = turn._pump_task
     assert pump is not None
     await asyncio.wait({pump})  # generation stopped though the reader has not read again
-    after = [emitted async for emitted in events]
-    return before, after
+    [emitted async for emitted in events]
+    return turn.emitted[:made], turn.emitted[made:]
 
 
 async def test_cancel_with_a_full_queue_and_a_stopped_reader() -> None:
@@ -98,7 +101,9 @@ async def test_cancel_with_a_full_queue_and_a_stopped_reader() -> None:
     assert types[-1] == "response.incomplete"
     final = check_stream(_decoded(before + after), expect_done=False)
     assert final["status"] == "cancelled"
-    assert final["output"][0]["content"][0]["text"] == "tok "
+    made = "".join(json.loads(emitted.data)["delta"] for emitted in before
+                   if emitted.type == "response.output_text.delta")
+    assert made and final["output"][0]["content"][0]["text"] == made
     assert turn.ended
 
 

@@ -22,7 +22,7 @@ GRACEFUL_SHUTDOWN_SECONDS = 15
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.main import create_app
+    from app.main import create_app, settle_heap
     from app.serve import Server, transport_options
     from app.transport.guards import exposure_problem
 
@@ -47,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a setting that parses but cannot be used (e.g. a bad key entry)
         print(f"ors serve: {exc}", file=sys.stderr)
         return 2
+    app.state.on_serving = settle_heap
     config = uvicorn.Config(
         app,
         host=settings.host,

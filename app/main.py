@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import dataclasses
 import uuid
 import logging
@@ -58,7 +59,12 @@ def worker_app() -> FastAPI:
     settings = Settings()
     logs.configure(settings.log_level, settings.log_format)
     app = create_app(settings, backends=[])
-    app.state.on_serving = lambda: drain_on_exit_signals(app.state.drain)
+
+    def on_serving() -> None:
+        drain_on_exit_signals(app.state.drain)
+        settle_heap()
+
+    app.state.on_serving = on_serving
     return app
 
 
@@ -194,6 +200,24 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     install_guards(app, settings)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+GC_THRESHOLDS = (20_000, 50, 100)
+"""The collector's thresholds once serving (Python's are 700, 10, 10)."""
+
+
+def settle_heap() -> None:
+    """Once ``ors serve`` serves (the process is the server's own; tests that build many
+    apps in one process do not call it): what start-up made (modules, schemas, models) lives as
+    long as the process, so it is moved out of the collector's sight (``gc.freeze``), and
+    collections are made rarer (:data:`GC_THRESHOLDS`). Each collection is a pause of the
+    event loop, for every request in flight: at concurrency 16 in front of a fast
+    upstream, the p99 fell from 156-233 ms to 31-92 ms and throughput rose 10-20%
+    (ARCHITECTURE.md, "Hot path"). Garbage without cycles is freed at once whatever the
+    thresholds; only cyclic garbage waits a little longer."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def install_guards(app: FastAPI, settings: Settings) -> None:

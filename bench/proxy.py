@@ -124,7 +124,7 @@ async def measure(stub: StubProcess, ors: ServerProcess, plan: Plan, *, log: Any
     chained = None
     if plan.chain_turns:
         log(f"a previous_response_id chain of {plan.chain_turns} turns")
-        chained = await chain(ors.port, MODEL, plan.chain_turns)
+        chained = await chain(ors.port, MODEL, plan.chain_turns, direct_port=stub.port)
     return {"phases": phases, "streams": streams, "chain": chained}
 
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from bench.procfs import cpu_seconds, rss_mib
-from bench.wire import RESPONSES_PROBE, Connection, Exchange, Probe, post
+from bench.wire import CHAT_PROBE, RESPONSES_PROBE, Connection, Exchange, Probe, post
 
 
 @dataclass(frozen=True)
@@ -172,11 +172,13 @@ def _open_timeline(exchanges: list[Exchange], origin: float, moments: list[float
 # ---------------------------------------------------------------- a previous_response_id chain
 
 
-async def chain(port: int, model: str, turns: int) -> dict[str, object]:
+async def chain(port: int, model: str, turns: int, direct_port: int | None = None) -> dict[str, object]:
     """A stored conversation of ``turns`` turns, each continuing the last with
     ``previous_response_id`` and a small input; the time of every turn (a JSON response,
     sequentially on one connection). Compares the median of turns 2-12 with that of the
-    last 11 turns."""
+    last 11 turns. With ``direct_port`` (the upstream), the same conversations are also
+    sent to it directly as Chat Completions requests: what the upstream itself takes to
+    read a conversation that long, so that what ors adds can be told from it."""
     connection = await Connection.open(port)
     previous: str | None = None
     timings: list[float] = []
@@ -196,8 +198,41 @@ async def chain(port: int, model: str, turns: int) -> dict[str, object]:
     connection.close()
     early = statistics.median(timings[1:12]) if len(timings) >= 12 else None
     late = statistics.median(timings[-11:]) if len(timings) >= 23 else None
+    direct: dict[str, float | None] = {"early_ms": None, "late_ms": None}
+    if direct_port is not None and early and late:
+        count = len(timings)
+        direct["early_ms"] = await _direct_turns(direct_port, model, range(2, 13)) * 1000
+        direct["late_ms"] = await _direct_turns(direct_port, model, range(count - 10, count + 1)) * 1000
+    added_early = early * 1000 - direct["early_ms"] if early and direct["early_ms"] is not None else None
+    added_late = late * 1000 - direct["late_ms"] if late and direct["late_ms"] is not None else None
     return {"turns": turns, "completed_turns": len(timings), "failure": failure,
             "early_turns": "2-12", "late_turns": f"{len(timings) - 10}-{len(timings)}",
             "early_ms": early * 1000 if early else None, "late_ms": late * 1000 if late else None,
             "late_over_early": late / early if early and late else None,
+            "direct_early_ms": direct["early_ms"], "direct_late_ms": direct["late_ms"],
+            "added_early_ms": added_early, "added_late_ms": added_late,
+            "added_late_over_early": added_late / added_early if added_early and added_late else None,
             "timings_ms": [round(t * 1000, 3) for t in timings]}
+
+
+async def _direct_turns(port: int, model: str, turns: range, repeats: int = 3) -> float:
+    """The median time the upstream itself takes (Chat Completions, JSON) for the
+    conversation ors sends it at each of ``turns``: the user's ``next`` after every
+    earlier turn's ``next`` and answer."""
+    connection = await Connection.open(port)
+    times: list[float] = []
+    for turn in turns:
+        messages: list[dict[str, str]] = []
+        for _ in range(turn - 1):
+            messages += [{"role": "user", "content": "next"}, {"role": "assistant", "content": "Hello, world."}]
+        messages.append({"role": "user", "content": "next"})
+        request = post(port, "/v1/chat/completions", {"model": model, "messages": messages, "stream": True,
+                                                       "stream_options": {"include_usage": True}})
+        for _ in range(repeats):
+            if connection.closed:
+                connection = await Connection.open(port)
+            exchange = await connection.exchange(request, CHAT_PROBE)
+            if exchange.ok:
+                times.append(exchange.end)
+    connection.close()
+    return statistics.median(times)

@@ -127,6 +127,9 @@ def _targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     if chained:
         targets.append(_target(f"turn {chained['late_turns']} over turn {chained['early_turns']} of a chain",
                                chained["late_over_early"], CHAIN_RATIO, "x"))
+        if chained.get("added_late_over_early") is not None:
+            targets.append(_target("the same, what ors adds over the upstream's own time",
+                                   chained["added_late_over_early"], CHAIN_RATIO, "x"))
     return targets
 
 
@@ -167,6 +170,10 @@ def _print(report: dict[str, Any]) -> None:
             print(f"chain of {chained['completed_turns']} turns: turns {chained['early_turns']} "
                   f"{chained['early_ms']:.1f} ms, turns {chained['late_turns']} {chained['late_ms']:.1f} ms "
                   f"({chained['late_over_early']:.2f}x)")
+        if chained.get("added_late_over_early") is not None:
+            print(f"  the upstream alone, same conversations: {chained['direct_early_ms']:.1f} ms and "
+                  f"{chained['direct_late_ms']:.1f} ms; added by ors: {chained['added_early_ms']:.1f} ms and "
+                  f"{chained['added_late_ms']:.1f} ms ({chained['added_late_over_early']:.2f}x)")
         if chained["failure"]:
             print(f"chain failed at {chained['failure']}")
     _print_workers(report.get("workers"))

@@ -100,3 +100,13 @@ async def test_load_functions_through_ors(fronted: LiveServer) -> None:
     assert streams["terminal_events"] == {"completed": 8} and streams["cut"] == 0
     chained = await chain(fronted.port, MODEL, 3)
     assert chained["completed_turns"] == 3 and chained["failure"] is None
+
+
+async def test_chain_against_the_upstream_alone(stub: StubProcess, fronted: LiveServer) -> None:
+    """With the upstream's port, the chain also times the same conversations sent to the
+    upstream directly, and what ors adds is derived from both."""
+    chained = await chain(fronted.port, MODEL, 24, direct_port=stub.port)
+    assert chained["completed_turns"] == 24 and chained["failure"] is None
+    for key in ("direct_early_ms", "direct_late_ms", "added_early_ms", "added_late_ms", "added_late_over_early"):
+        assert isinstance(chained[key], float), key
+    assert chained["added_late_ms"] == pytest.approx(chained["late_ms"] - chained["direct_late_ms"])

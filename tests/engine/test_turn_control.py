@@ -251,3 +251,27 @@ async def test_an_opened_turn_never_driven_is_discarded_as_its_client_leaving(tm
         check_stream(_decoded(turn.emitted), expect_done=False)
     finally:
         await store.close()
+
+
+async def test_deltas_already_queued_leave_as_one_batch() -> None:
+    """A burst (the scripted backend yields its deltas without waiting) becomes a few
+    batches, not one per delta; every batch is non-empty, the start is its own batch,
+    and the events flattened are one valid stream."""
+    turn = await _turn(_backend())
+    batches = [batch async for batch in turn.batches()]
+    assert all(batches)
+    assert [emitted.type for emitted in batches[0]] == ["response.created", "response.in_progress"]
+    deltas = sum(emitted.type == "response.output_text.delta" for batch in batches for emitted in batch)
+    assert deltas == MANY
+    assert len(batches) < MANY // 10
+    final = check_stream(_decoded([emitted for batch in batches for emitted in batch]), expect_done=False)
+    assert final["output"][0]["content"][0]["text"] == "tok " * MANY
+
+
+async def test_a_slow_backend_is_never_waited_for() -> None:
+    """Deltas that come one at a time leave one at a time: nothing is held back."""
+    backend = ScriptedBackend({"slow": Script(text_script("a ", "b ", "c "), delay=0.05)})
+    turn = await _turn(backend, model="slow")
+    batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
+    with_deltas = [batch for batch in batches if "response.output_text.delta" in batch]
+    assert [batch.count("response.output_text.delta") for batch in with_deltas] == [1, 1, 1]

@@ -13,6 +13,10 @@ Figures (printed, and written to ``bench/results/embedded-<time>.json`` and ``.p
 * time to first token of a new conversation whose long instruction prefix (``--prefix``
   tokens, about what a coding agent sends) is: not cached (cold), cached by an earlier
   conversation, and cached before a restart of ors;
+* the stall of a running stream while a new long prompt (``--stall-prompt`` tokens) is
+  evaluated beside it: the longest gap between two of its tokens meanwhile, against its
+  usual gap (the prompt is evaluated in chunks of ``--ubatch-size`` tokens interleaved
+  with the running streams' decoding, so no gap should exceed about one chunk);
 * the 17 acceptance tests all at once against ors (as the official harness runs them):
   the wall time and each test's time.
 
@@ -50,6 +54,8 @@ class Figures:
     model: str
     decode_tokens: int
     prefix_tokens: int
+    stall_tokens: int = 0
+    ubatch: int = 0
     raw: dict[str, float] = field(default_factory=dict)
     ors: dict[str, float] = field(default_factory=dict)
 
@@ -68,6 +74,34 @@ class Stream:
 def _aggregate(streams: list[Stream]) -> float:
     span = max(s.end for s in streams) - min(s.first for s in streams)
     return sum(s.tokens for s in streams) / span if span > 0 else 0.0
+
+
+@dataclass
+class Ticks:
+    """When each piece of a running stream arrived; the stream stops when ``stop`` is set."""
+
+    times: list[float] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _stall(running: Any, arrive: Any, ticks: Ticks) -> dict[str, float]:
+    """Start ``running`` (a stream that records its ``ticks``), wait for its tokens to
+    flow, then run ``arrive`` (a new long prompt; its :class:`Stream`) beside it and stop
+    the running stream once that has its first token. The running stream's longest gap
+    between two tokens while the prompt was evaluated, and its median gap before."""
+    task = asyncio.create_task(running)
+    while len(ticks.times) < 9 and not task.done():
+        await asyncio.sleep(0.05)
+    began = time.perf_counter()
+    arrived: Stream = await arrive
+    evaluated = began + arrived.first
+    ticks.stop.set()
+    await task
+    before = [b - a for a, b in zip(ticks.times, ticks.times[1:]) if b <= began]
+    meanwhile = [b - a for a, b in zip(ticks.times, ticks.times[1:]) if b > began and a < evaluated]
+    return {"stall_longest_gap_s": max(meanwhile, default=evaluated - began),
+            "stall_usual_gap_s": sorted(before)[len(before) // 2] if before else 0.0,
+            "stall_prompt_s": arrived.first}
 
 
 def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
@@ -100,7 +134,7 @@ async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: i
 
 
 async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predict: int,
-                           sampling: dict[str, Any]) -> Stream:
+                           sampling: dict[str, Any], ticks: Ticks | None = None) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
     tokens = 0
@@ -113,6 +147,10 @@ async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predi
             chunk = json.loads(line[6:])
             if chunk.get("content") and not first:
                 first = time.perf_counter()
+            if ticks is not None and chunk.get("content"):
+                ticks.times.append(time.perf_counter())
+                if ticks.stop.is_set():
+                    break
             if chunk.get("stop"):
                 end = time.perf_counter()
                 tokens = int(chunk.get("timings", {}).get("predicted_n", 0))
@@ -120,7 +158,7 @@ async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predi
 
 
 async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions, instructions: str,
-               work: Path) -> None:
+               stall_prompt: str, work: Path) -> None:
     server = LlamaServer(find_binary(), options, work / "raw-llama-server.log")
     await server.start()
     try:
@@ -141,18 +179,24 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions,
                                                     ChatMessage("user", "What is rule 7?")), 8, sampling)
             warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
                                                     ChatMessage("user", "What is rule 12?")), 8, sampling)
+            ticks = Ticks()
+            stall = await _stall(
+                _raw_stream_once(client, prompt(ChatMessage("user", QUESTION)), 100_000, sampling, ticks),
+                _raw_stream(client, prompt(ChatMessage("system", stall_prompt), ChatMessage("user", "Rule 3?")),
+                            1, sampling),
+                ticks)
         assert server.process is not None
         rss = rss_mib(server.process.pid)
     finally:
         await server.stop()
     figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
-                       server_rss_mib=rss)
+                       server_rss_mib=rss, **stall)
 
 
 # ---------------------------------------------------------------- ors
 
 
-async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> Stream:
+async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any], ticks: Ticks | None = None) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
     tokens = 0
@@ -163,6 +207,10 @@ async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any]) -> Stream
             event = json.loads(line[6:])
             if event["type"] == "response.output_text.delta" and not first:
                 first = time.perf_counter()
+            if ticks is not None and event["type"] == "response.output_text.delta":
+                ticks.times.append(time.perf_counter())
+                if ticks.stop.is_set():
+                    break
             if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
                 end = time.perf_counter()
                 tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
@@ -176,7 +224,7 @@ def _ors_server(data_dir: Path, model: str) -> ServerProcess:
     return ServerProcess(env, data_dir).start(timeout=600)
 
 
-async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
+async def _ors(figures: Figures, instructions: str, stall_prompt: str, data_dir: Path) -> None:
     model = figures.model
     server = _ors_server(data_dir, model)
     try:
@@ -192,6 +240,12 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
             ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
+            ticks = Ticks()
+            stall = await _stall(
+                _ors_stream(client, {"model": model, "input": QUESTION, "temperature": 0}, ticks),
+                _ors_stream(client, {"model": model, "instructions": stall_prompt, "input": "Rule 3?",
+                                     "temperature": 0, "max_output_tokens": 16}),
+                ticks)
         assert server.process is not None
         rss = sum(rss_mib(pid) for pid in children_named(server.process.pid, "llama-server"))
     finally:
@@ -207,7 +261,7 @@ async def _ors(figures: Figures, instructions: str, data_dir: Path) -> None:
         server.terminate()
     figures.ors.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
                        ttft_after_restart=again.first, restart_seconds=restart_seconds, server_rss_mib=rss,
-                       **suite)
+                       **stall, **suite)
 
 
 def _acceptance_at_once(base_url: str, model: str) -> dict[str, float]:
@@ -248,6 +302,12 @@ def _report(figures: Figures) -> dict[str, Any]:
           "   (target <= 10 s)")
     print(f"{'first token, cached, after restart (s)':34}{'':>15}{ors['ttft_after_restart']:12.2f}"
           f"   (target <= 15 s; restart took {ors['restart_seconds']:.1f} s)")
+    print(f"{'a stream, usual gap between tokens (s)':34}{raw['stall_usual_gap_s']:15.2f}"
+          f"{ors['stall_usual_gap_s']:12.2f}")
+    print(f"{f'its longest gap, {figures.stall_tokens}-token prompt beside (s)':34}"
+          f"{raw['stall_longest_gap_s']:15.2f}{ors['stall_longest_gap_s']:12.2f}"
+          f"   (the prompt took {raw['stall_prompt_s']:.1f} s / {ors['stall_prompt_s']:.1f} s, "
+          f"in chunks of {figures.ubatch} tokens)")
     print(f"{'llama-server RSS, after the prefix (MiB)':34}{raw['server_rss_mib']:15.0f}{ors['server_rss_mib']:12.0f}")
     print(f"acceptance suite, all {ors['suite_total']:.0f} at once on ors: {ors['suite_passed']:.0f} passed, "
           f"wall {ors['suite_wall_s']:.1f} s")
@@ -285,7 +345,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     figure.savefig(path)
 
 
-async def run(model: str, prefix_tokens: int, decode_tokens: int) -> dict[str, Any]:
+async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: int) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
     data_dir = RESULTS / "data"
     work = RESULTS / "work"
@@ -299,9 +359,11 @@ async def run(model: str, prefix_tokens: int, decode_tokens: int) -> dict[str, A
         threads=settings.model_threads, cache_ram_mib=settings.model_cache_ram_mib, slot_dir=work / "raw-slots",
         kv_type=settings.model_kv_type,
     )
-    figures = Figures(model=model, decode_tokens=decode_tokens, prefix_tokens=prefix_tokens)
-    await _raw(figures, vocabulary, options, _instructions(vocabulary, prefix_tokens), work)
-    await _ors(figures, _instructions(vocabulary, prefix_tokens), data_dir)
+    figures = Figures(model=model, decode_tokens=decode_tokens, prefix_tokens=prefix_tokens,
+                      stall_tokens=stall_tokens, ubatch=options.batch)
+    await _raw(figures, vocabulary, options, _instructions(vocabulary, prefix_tokens),
+               _instructions(vocabulary, stall_tokens), work)
+    await _ors(figures, _instructions(vocabulary, prefix_tokens), _instructions(vocabulary, stall_tokens), data_dir)
     vocabulary.close()
     report = _report(figures)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -316,5 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=Settings().default_model, choices=sorted(LOCAL_MODELS))
     parser.add_argument("--prefix", type=int, default=6000, help="tokens of the shared instruction prefix")
     parser.add_argument("--decode", type=int, default=128, help="tokens per decode stream")
+    parser.add_argument("--stall-prompt", type=int, default=1536,
+                        help="tokens of the new prompt evaluated beside a running stream")
     arguments = parser.parse_args(argv)
-    asyncio.run(run(arguments.model, arguments.prefix, arguments.decode))
+    asyncio.run(run(arguments.model, arguments.prefix, arguments.decode, arguments.stall_prompt))

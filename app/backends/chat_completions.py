@@ -48,7 +48,6 @@ response.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +65,7 @@ from app.backends.base import (
 )
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
 from app.backends.chat_stream import ChunkDecoder, sse_events
+from app.backends.message_json import MessageJson, dumps
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
@@ -113,7 +113,7 @@ class ChatCompletionsBackend(HttpUpstream):
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
                          headers=headers, owned_by=owned_by)
-        self._message_json: dict[int, tuple[ChatMessage, str]] = {}
+        self._message_json = MessageJson(lambda message: dumps(self._message(message)))
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
@@ -210,21 +210,8 @@ class ChatCompletionsBackend(HttpUpstream):
 
     def _body(self, payload: dict[str, Any], messages: Sequence[ChatMessage]) -> bytes:
         """The request body: ``payload`` with the messages spliced in, each message's JSON
-        made once and kept. A conversation's past messages are the same objects turn after
-        turn (the engine keeps each chain's conversation), so turn 1,000 serializes only its
-        new ones. Kept by object identity (the entry holds the message, so its id stays
-        its own); up to :data:`MESSAGE_JSON_CACHE` of them, then the cache starts over."""
-        cache = self._message_json
-        fragments = []
-        for message in messages:
-            entry = cache.get(id(message))
-            if entry is None or entry[0] is not message:
-                if len(cache) >= MESSAGE_JSON_CACHE:
-                    cache.clear()
-                entry = cache[id(message)] = (message, _dumps(self._message(message)))
-            fragments.append(entry[1])
-        head = _dumps(payload)
-        return f'{head[:-1]},"messages":[{",".join(fragments)}]}}'.encode()
+        made once and kept (:mod:`app.backends.message_json`)."""
+        return self._message_json.body(payload, "messages", messages)
 
     def _message(self, message: ChatMessage) -> dict[str, Any]:
         role = "system" if message.role == "developer" else message.role
@@ -259,14 +246,6 @@ class ChatCompletionsBackend(HttpUpstream):
         if output.strict is not None:
             spec["strict"] = output.strict
         return {"type": "json_schema", "json_schema": spec}
-
-
-MESSAGE_JSON_CACHE = 65_536
-"""Messages whose JSON one upstream keeps (a few hundred bytes each, typically)."""
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

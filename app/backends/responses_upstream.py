@@ -39,6 +39,7 @@ import aiohttp
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
 from app.backends.chat_errors import ERROR_BODY_LIMIT, read_capped, upstream_errors
 from app.backends.chat_stream import sse_events
+from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
@@ -82,6 +83,9 @@ class ResponsesUpstreamBackend(HttpUpstream):
                          headers=headers, owned_by=owned_by)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
+        self._input_json = MessageJson(
+            lambda message: ",".join(dumps(item) for item in input_items((message,),
+                                                                         replay_reasoning=self.replay_reasoning)))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream one upstream response as deltas, ending with exactly one ``Finish``.
@@ -90,12 +94,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
         client that went away). A stream that ends before the upstream's terminal event
         raises ``ModelError`` (``upstream_disconnected``)."""
         url = f"{self.base_url}/responses"
-        payload = self.payload(request)
+        payload = self.payload(request, input=False)
+        body = self._input_json.body(payload, "input", request.messages)  # each message's items made once
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         for attempt in (1, 2):
             decoder = ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs)
             try:
-                async with contextlib.aclosing(self._attempt(url, payload, request.model, decoder)) as deltas:
+                async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
                     async for delta in deltas:
                         yield delta
             except ModelError as exc:
@@ -107,10 +112,10 @@ class ResponsesUpstreamBackend(HttpUpstream):
         yield decoder.finish()
 
     async def _attempt(
-        self, url: str, payload: dict[str, Any], model: str, decoder: ResponsesEventDecoder
+        self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ResponsesEventDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self.post_stream(url, payload) as response:
+            async with self.post_stream(url, body) as response:
                 if not 200 <= response.status < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
                     raise http_error(response.status, body, model=model, url=url,
@@ -127,14 +132,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
                         for delta in decoder.feed_event(event, data):
                             yield delta
 
-    def payload(self, request: GenerationRequest) -> dict[str, Any]:
-        """The ``POST /responses`` body for ``request``: stateless and streaming."""
-        body: dict[str, Any] = {
-            "model": request.model,
-            "input": input_items(request.messages, replay_reasoning=self.replay_reasoning),
-            "stream": True,
-            "store": False,
-        }
+    def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
+        """The ``POST /responses`` body for ``request``: stateless and streaming; without
+        ``input``, all of it but the input items (which :meth:`stream` splices in)."""
+        body: dict[str, Any] = {"model": request.model}
+        if input:
+            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning)
+        body |= {"stream": True, "store": False}
         if request.tools:
             # Every tool stays visible (a stable prompt prefix); the policy says which may be called.
             body["tools"] = [_tool(spec) for spec in request.tools]

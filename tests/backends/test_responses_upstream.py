@@ -7,7 +7,9 @@ demand. A real upstream (a second ors) is exercised in ``tests/e2e/test_response
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -314,3 +316,19 @@ async def test_events_after_the_terminal_one_are_ignored(backend: ResponsesUpstr
                                                          upstream: ScriptedUpstream) -> None:
     model = upstream.stream(text("Hi"), completed(), text(" again"), DONE)
     assert joined(await collect(backend, ask(model))) == "Hi"
+
+
+def test_the_body_sent_is_the_payload_with_each_messages_items_made_once() -> None:
+    backend = ResponsesUpstreamBackend("http://x/v1")
+    history = (ChatMessage(role="system", content="Be brief. «ü»"), ChatMessage(role="user", content="Hi"),
+               ChatMessage(role="assistant", content="Let me look.",
+                           tool_calls=(ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
+               ChatMessage(role="tool", content="12 C", tool_call_id="c1"))
+    request = replace(ask("m", tools=(WEATHER,)), messages=history)
+    body = backend._input_json.body(backend.payload(request, input=False), "input", request.messages)
+    assert json.loads(body) == backend.payload(request)
+    assert len(backend._input_json) == len(history)
+    longer = replace(request, messages=(*history, ChatMessage(role="user", content="And Rome?")))
+    spliced = backend._input_json.body(backend.payload(longer, input=False), "input", longer.messages)
+    assert json.loads(spliced) == backend.payload(longer)
+    assert len(backend._input_json) == len(history) + 1  # the past messages' items were reused

@@ -240,12 +240,6 @@ async def _ors(figures: Figures, instructions: str, stall_prompt: str, data_dir:
             ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
-            ticks = Ticks()
-            stall = await _stall(
-                _ors_stream(client, {"model": model, "input": QUESTION, "temperature": 0}, ticks),
-                _ors_stream(client, {"model": model, "instructions": stall_prompt, "input": "Rule 3?",
-                                     "temperature": 0, "max_output_tokens": 16}),
-                ticks)
         assert server.process is not None
         rss = sum(rss_mib(pid) for pid in children_named(server.process.pid, "llama-server"))
     finally:
@@ -256,6 +250,13 @@ async def _ors(figures: Figures, instructions: str, stall_prompt: str, data_dir:
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=None) as client:
             again = await _ors_stream(client, {**ask, "input": "What is rule 20?", "prompt_cache_key": "agent"})
+            # last: the new prompt may push the cached prefix out of a small window
+            ticks = Ticks()
+            stall = await _stall(
+                _ors_stream(client, {"model": model, "input": QUESTION, "temperature": 0}, ticks),
+                _ors_stream(client, {"model": model, "instructions": stall_prompt, "input": "Rule 3?",
+                                     "temperature": 0, "max_output_tokens": 16}),
+                ticks)
         suite = await asyncio.to_thread(_acceptance_at_once, f"{server.url}/v1", model)
     finally:
         server.terminate()
@@ -272,6 +273,9 @@ def _acceptance_at_once(base_url: str, model: str) -> dict[str, float]:
 
     started = time.perf_counter()
     outcomes = list(run_concurrently(SuiteConfig(base_url=base_url, model=model), select()))
+    for outcome in outcomes:
+        if outcome.status != "PASS":
+            print(f"acceptance: {outcome.line()}")
     figures = {"suite_wall_s": time.perf_counter() - started,
                "suite_passed": float(sum(outcome.status == "PASS" for outcome in outcomes)),
                "suite_total": float(len(outcomes))}

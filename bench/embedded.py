@@ -8,8 +8,11 @@ prompt tokens ors would send. *ors* is the real server on loopback, ``POST
 Figures (printed, and written to ``bench/results/embedded-<time>.json`` and ``.png``):
 
 * single-stream decode, tokens/s (client-side: from the first text to the end), and ors
-  as a share of raw;
-* aggregate decode of 4 concurrent streams, and its ratio to one stream;
+  as a share of raw; both servers are up for it and are measured in alternating rounds
+  (``--rounds``; the median of each side), so the machine's drift within a run does not
+  land on one side; with the CPU time ors's own process spends per token;
+* aggregate decode of 4 concurrent streams, and its ratio to one stream (the same
+  rounds);
 * time to first token of a new conversation whose long instruction prefix (``--prefix``
   tokens, about what a coding agent sends) is: not cached (cold), cached by an earlier
   conversation, and cached before a restart of ors;
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,7 +45,7 @@ from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
 from app.backends.local import DEFAULT_PARALLEL, Vocabulary
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.config import Settings
-from bench.procfs import children_named, rss_mib
+from bench.procfs import children_named, cpu_seconds, rss_mib
 from tests.live import ServerProcess
 
 RESULTS = Path(__file__).parent / "results"
@@ -56,8 +60,8 @@ class Figures:
     prefix_tokens: int
     stall_tokens: int = 0
     ubatch: int = 0
-    raw: dict[str, float] = field(default_factory=dict)
-    ors: dict[str, float] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    ors: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -157,24 +161,20 @@ async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predi
     return Stream(first - started, end - started, tokens)
 
 
-async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions, instructions: str,
-               stall_prompt: str, work: Path) -> None:
-    server = LlamaServer(find_binary(), options, work / "raw-llama-server.log")
-    await server.start()
+def _raw_sampling(model: str) -> dict[str, Any]:
+    spec = LOCAL_MODELS[model].sampling
+    return {"top_p": spec.top_p, "top_k": spec.top_k, "min_p": spec.min_p, "repeat_penalty": spec.repeat_penalty}
+
+
+async def _raw(figures: Figures, vocabulary: Vocabulary, server: LlamaServer, instructions: str,
+               stall_prompt: str) -> None:
+    """The prefix and stall figures on raw llama.cpp (already started); stops it."""
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=None) as client:
             def prompt(*messages: ChatMessage) -> list[int]:
                 return vocabulary.prompt_tokens(messages, ())
 
-            spec = LOCAL_MODELS[figures.model].sampling
-            sampling = {"top_p": spec.top_p, "top_k": spec.top_k, "min_p": spec.min_p,
-                        "repeat_penalty": spec.repeat_penalty}
-            await _raw_stream(client, prompt(ChatMessage("user", "Hi")), 4, sampling)  # warm-up
-            one = await _raw_stream(client, prompt(ChatMessage("user", QUESTION)), figures.decode_tokens, sampling)
-            many = await asyncio.gather(*[
-                _raw_stream(client, prompt(ChatMessage("user", f"{QUESTION} ({k})")), figures.decode_tokens, sampling)
-                for k in range(DEFAULT_PARALLEL)
-            ])
+            sampling = _raw_sampling(figures.model)
             cold = await _raw_stream(client, prompt(ChatMessage("system", instructions),
                                                     ChatMessage("user", "What is rule 7?")), 8, sampling)
             warm = await _raw_stream(client, prompt(ChatMessage("system", instructions),
@@ -189,8 +189,7 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, options: ServerOptions,
         rss = rss_mib(server.process.pid)
     finally:
         await server.stop()
-    figures.raw.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
-                       server_rss_mib=rss, **stall)
+    figures.raw.update(ttft_cold=cold.first, ttft_cached=warm.first, server_rss_mib=rss, **stall)
 
 
 # ---------------------------------------------------------------- ors
@@ -224,19 +223,12 @@ def _ors_server(data_dir: Path, model: str) -> ServerProcess:
     return ServerProcess(env, data_dir).start(timeout=600)
 
 
-async def _ors(figures: Figures, instructions: str, stall_prompt: str, data_dir: Path) -> None:
+async def _ors(figures: Figures, server: ServerProcess, instructions: str, stall_prompt: str,
+               data_dir: Path) -> None:
+    """The prefix, restart, stall and suite figures on ors (already started)."""
     model = figures.model
-    server = _ors_server(data_dir, model)
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=None) as client:
-            await _ors_stream(client, {"model": model, "input": "Hi", "max_output_tokens": 16})  # warm-up
-            one = await _ors_stream(client, {"model": model, "input": QUESTION, "temperature": 0,
-                                             "max_output_tokens": figures.decode_tokens})
-            many = await asyncio.gather(*[
-                _ors_stream(client, {"model": model, "input": f"{QUESTION} ({k})", "temperature": 0,
-                                     "max_output_tokens": figures.decode_tokens})
-                for k in range(DEFAULT_PARALLEL)
-            ])
             ask = {"model": model, "instructions": instructions, "temperature": 0, "max_output_tokens": 16}
             cold = await _ors_stream(client, {**ask, "input": "What is rule 7?"})
             warm = await _ors_stream(client, {**ask, "input": "What is rule 12?", "prompt_cache_key": "agent"})
@@ -260,9 +252,65 @@ async def _ors(figures: Figures, instructions: str, stall_prompt: str, data_dir:
         suite = await asyncio.to_thread(_acceptance_at_once, f"{server.url}/v1", model)
     finally:
         server.terminate()
-    figures.ors.update(decode_1=one.rate, decode_4=_aggregate(many), ttft_cold=cold.first, ttft_cached=warm.first,
-                       ttft_after_restart=again.first, restart_seconds=restart_seconds, server_rss_mib=rss,
+    figures.ors.update(ttft_cold=cold.first, ttft_cached=warm.first, ttft_after_restart=again.first,
+                       restart_seconds=restart_seconds, server_rss_mib=rss,
                        **stall, **suite)
+
+
+# ---------------------------------------------------------------- decode, side by side
+
+
+async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, ors: ServerProcess,
+                  rounds: int) -> None:
+    """Single-stream and 4-stream decode on both servers, in alternating rounds (raw then
+    ors, then ors then raw, ...); each figure is the median of its rounds. Only one
+    server works at a time; the other's model sits idle in memory. ors's own CPU time
+    (its process, not llama-server's) is read around its single streams."""
+    model = figures.model
+    sampling = _raw_sampling(model)
+    assert ors.process is not None
+    ors_pid = ors.process.pid
+
+    def tokens(question: str) -> list[int]:
+        return vocabulary.prompt_tokens((ChatMessage("user", question),), ())
+
+    def ask(question: str) -> dict[str, Any]:
+        return {"model": model, "input": question, "temperature": 0, "max_output_tokens": figures.decode_tokens}
+
+    singles: dict[str, list[float]] = {"raw": [], "ors": []}
+    batches: dict[str, list[float]] = {"raw": [], "ors": []}
+    ors_cpu_per_token: list[float] = []
+    async with httpx.AsyncClient(base_url=raw.base_url, timeout=None) as raw_client, \
+            httpx.AsyncClient(base_url=ors.url, timeout=None) as ors_client:
+        await _raw_stream(raw_client, tokens("Hi"), 4, sampling)  # warm-ups
+        await _ors_stream(ors_client, {"model": model, "input": "Hi", "max_output_tokens": 16})
+
+        async def raw_round() -> None:
+            one = await _raw_stream(raw_client, tokens(QUESTION), figures.decode_tokens, sampling)
+            many = await asyncio.gather(*[
+                _raw_stream(raw_client, tokens(f"{QUESTION} ({k})"), figures.decode_tokens, sampling)
+                for k in range(DEFAULT_PARALLEL)
+            ])
+            singles["raw"].append(one.rate)
+            batches["raw"].append(_aggregate(many))
+
+        async def ors_round() -> None:
+            before = cpu_seconds(ors_pid)
+            one = await _ors_stream(ors_client, ask(QUESTION))
+            ors_cpu_per_token.append((cpu_seconds(ors_pid) - before) / max(one.tokens, 1))
+            many = await asyncio.gather(*[_ors_stream(ors_client, ask(f"{QUESTION} ({k})"))
+                                          for k in range(DEFAULT_PARALLEL)])
+            singles["ors"].append(one.rate)
+            batches["ors"].append(_aggregate(many))
+
+        for number in range(rounds):
+            first, second = (raw_round, ors_round) if number % 2 == 0 else (ors_round, raw_round)
+            await first()
+            await second()
+    for side, into in (("raw", figures.raw), ("ors", figures.ors)):
+        into.update(decode_1=statistics.median(singles[side]), decode_4=statistics.median(batches[side]),
+                    decode_1_rounds=singles[side], decode_4_rounds=batches[side])
+    figures.ors["cpu_ms_per_token"] = 1000 * statistics.median(ors_cpu_per_token)
 
 
 def _acceptance_at_once(base_url: str, model: str) -> dict[str, float]:
@@ -297,6 +345,9 @@ def _report(figures: Figures) -> dict[str, Any]:
     print(f"{'':34}{'raw llama.cpp':>15}{'ors':>12}")
     print(f"{'decode, 1 stream (tokens/s)':34}{raw['decode_1']:15.1f}{ors['decode_1']:12.1f}"
           f"   ors/raw {ratios['single_decode_share_of_raw']:.1%}  (target >= 95%)")
+    print(f"{'  each round (tokens/s)':34}{' '.join(f'{r:.1f}' for r in raw['decode_1_rounds']):>15}"
+          f"{' '.join(f'{r:.1f}' for r in ors['decode_1_rounds']):>20}")
+    print(f"{'  ors process CPU per token (ms)':34}{'':>15}{ors['cpu_ms_per_token']:12.2f}")
     print(f"{'decode, 4 streams (tokens/s)':34}{raw['decode_4']:15.1f}{ors['decode_4']:12.1f}"
           f"   4/1: raw {ratios['raw_4_streams_over_1']:.2f}x, ors {ratios['ors_4_streams_over_1']:.2f}x"
           "  (target >= 2.5x)")
@@ -349,7 +400,8 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     figure.savefig(path)
 
 
-async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: int) -> dict[str, Any]:
+async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: int,
+              rounds: int = 3) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
     data_dir = RESULTS / "data"
     work = RESULTS / "work"
@@ -365,9 +417,26 @@ async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: 
     )
     figures = Figures(model=model, decode_tokens=decode_tokens, prefix_tokens=prefix_tokens,
                       stall_tokens=stall_tokens, ubatch=options.batch)
-    await _raw(figures, vocabulary, options, _instructions(vocabulary, prefix_tokens),
-               _instructions(vocabulary, stall_tokens), work)
-    await _ors(figures, _instructions(vocabulary, prefix_tokens), _instructions(vocabulary, stall_tokens), data_dir)
+    raw = LlamaServer(find_binary(), options, work / "raw-llama-server.log")
+    await raw.start()
+    try:
+        ors = _ors_server(data_dir, model)
+    except BaseException:
+        await raw.stop()
+        raise
+    try:
+        await _decode(figures, vocabulary, raw, ors, rounds)
+    except BaseException:
+        ors.terminate()
+        await raw.stop()
+        raise
+    instructions, stall_prompt = _instructions(vocabulary, prefix_tokens), _instructions(vocabulary, stall_tokens)
+    try:
+        await _raw(figures, vocabulary, raw, instructions, stall_prompt)
+    except BaseException:
+        ors.terminate()
+        raise
+    await _ors(figures, ors, instructions, stall_prompt, data_dir)
     vocabulary.close()
     report = _report(figures)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -382,7 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=Settings().default_model, choices=sorted(LOCAL_MODELS))
     parser.add_argument("--prefix", type=int, default=6000, help="tokens of the shared instruction prefix")
     parser.add_argument("--decode", type=int, default=128, help="tokens per decode stream")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating decode rounds on each server")
     parser.add_argument("--stall-prompt", type=int, default=1536,
                         help="tokens of the new prompt evaluated beside a running stream")
     arguments = parser.parse_args(argv)
-    asyncio.run(run(arguments.model, arguments.prefix, arguments.decode, arguments.stall_prompt))
+    asyncio.run(run(arguments.model, arguments.prefix, arguments.decode, arguments.stall_prompt,
+                    arguments.rounds))

@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     """Host memory (MiB) for prompt caches of idle slots, least recently used out (0: off)."""
     model_kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     """The KV cache's type; q8_0 halves its memory at a small cost in quality."""
+    model_chunk: int = Field(default=128, ge=16, le=8192)
+    """Prompt tokens an embedded model evaluates per step, between two decoding steps of
+    the streams already running: the longest a running stream waits for a new prompt."""
     llama_server: str | None = None
     """The llama-server executable that runs the embedded models; unset means the one
     ``make install`` built into the virtual environment."""

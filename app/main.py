@@ -82,6 +82,7 @@ def default_backends(settings: Settings) -> list[Backend]:
             queue=settings.model_queue,
             cache_ram_mib=settings.model_cache_ram_mib,
             kv_type=settings.model_kv_type,
+            chunk=settings.model_chunk,
             server_binary=settings.llama_server,
         )
     ]

@@ -413,7 +413,7 @@ async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: 
     options = ServerOptions(
         model_path=path, context=settings.model_context or spec.context_window, parallel=settings.model_parallel,
         threads=settings.model_threads, cache_ram_mib=settings.model_cache_ram_mib, slot_dir=work / "raw-slots",
-        kv_type=settings.model_kv_type,
+        kv_type=settings.model_kv_type, batch=settings.model_chunk,
     )
     figures = Figures(model=model, decode_tokens=decode_tokens, prefix_tokens=prefix_tokens,
                       stall_tokens=stall_tokens, ubatch=options.batch)

@@ -74,7 +74,7 @@ from app.backends.base import (  # noqa: E402
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import LlamaServer, ServerOptions, find_binary  # noqa: E402
+from app.backends.llama_server import DEFAULT_CHUNK, LlamaServer, ServerOptions, find_binary  # noqa: E402
 from app.backends.logprob_ledger import LogprobLedger  # noqa: E402
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec  # noqa: E402
 from app.backends.prompting import ChatTemplate, output_grammar, prompt_messages, template_tools  # noqa: E402
@@ -293,6 +293,7 @@ class LocalBackend(Backend):
         queue: int = DEFAULT_QUEUE,
         cache_ram_mib: int = DEFAULT_CACHE_RAM_MIB,
         kv_type: str = "f16",
+        chunk: int = DEFAULT_CHUNK,
         server_binary: str | None = None,
     ) -> None:
         """Configure; nothing is started before ``start()`` or first use.
@@ -304,7 +305,8 @@ class LocalBackend(Backend):
         served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes the parser
         of each generation's text; ``parallel`` slots per model, ``queue`` requests may wait
         for one; ``cache_ram_mib`` of host memory keep idle slots' prompt caches;
-        ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``server_binary`` the
+        ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``chunk`` the prompt
+        tokens evaluated per step beside running streams; ``server_binary`` the
         llama-server executable (default: the installed one).
         """
         served = list(LOCAL_MODELS) if models is None else list(models)
@@ -321,6 +323,7 @@ class LocalBackend(Backend):
         self._queue = queue
         self._cache_ram_mib = cache_ram_mib
         self._kv_type = kv_type
+        self._chunk = chunk
         self._server_binary = server_binary
         self._entries = {model: _Entry(LOCAL_MODELS[model]) for model in served}
         for model in self._preload:
@@ -516,6 +519,7 @@ class LocalBackend(Backend):
             cache_ram_mib=self._cache_ram_mib,
             slot_dir=self._data_dir / "kv" / spec.id,
             kv_type=self._kv_type,
+            batch=self._chunk,
         )
         server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log")
         try:

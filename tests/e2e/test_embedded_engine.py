@@ -91,6 +91,53 @@ def test_the_shared_prefix_of_a_new_conversation_is_reported_cached(client: Clie
     assert cached < second["usage"]["input_tokens"]
 
 
+def test_a_long_prompt_is_evaluated_in_chunks_between_a_running_streams_tokens(client: Client) -> None:
+    """A new prompt of about 2,500 tokens arrives beside a running stream. It is evaluated
+    in chunks (``ORS_MODEL_CHUNK``, 128 tokens by default), each a step of the shared batch
+    that also decodes the running stream, so the running stream keeps receiving text while
+    the new prompt is evaluated, instead of waiting for all of it."""
+    running_times: list[float] = []
+    stop = threading.Event()
+    started = threading.Event()
+
+    def running() -> None:
+        body = {"model": SMOL, "input": LONG, "max_output_tokens": 4000, "temperature": 0,
+                "stream": True, "store": False}
+        with client.http.stream("POST", "/v1/responses", json=body) as reply:
+            for line in reply.iter_lines():
+                if line.startswith("event: response.output_text.delta"):
+                    running_times.append(time.monotonic())
+                    if len(running_times) >= 5:
+                        started.set()
+                if stop.is_set():
+                    break
+        started.set()
+
+    words = " ".join(random.choice(["alpha", "beta", "gamma", "delta", "kappa", "omega"]) for _ in range(2500))
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(running)
+        assert started.wait(60)
+        arrived = time.monotonic()
+        body = {"model": SMOL, "input": f"{words}\nSay yes.", "max_output_tokens": 16, "temperature": 0,
+                "stream": True, "store": False}
+        evaluated = None
+        with client.http.stream("POST", "/v1/responses", json=body) as reply:
+            for line in reply.iter_lines():
+                if evaluated is None and line.startswith(("event: response.output_text.delta",
+                                                          "event: response.completed",
+                                                          "event: response.incomplete")):
+                    evaluated = time.monotonic()
+        stop.set()
+        stream.result()
+    assert evaluated is not None
+    # the middle of the evaluation (tokens already on their way when the prompt arrived,
+    # or made once it was done, are not counted): about 20 chunks, one token of the
+    # running stream after each; a prompt evaluated whole lets none through
+    margin = (evaluated - arrived) / 10
+    meanwhile = [t for t in running_times if arrived + margin < t < evaluated - margin]
+    assert len(meanwhile) >= 5, (len(meanwhile), evaluated - arrived)
+
+
 @pytest.fixture(scope="module")
 def one_slot(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     """A server whose model has one slot and no queue."""

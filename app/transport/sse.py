@@ -6,12 +6,13 @@ Keep-alive pings are SSE comments, which clients ignore.
 
 Races (see ARCHITECTURE.md):
 
-* client gone: sse-starlette cancels the body generator; the turn's pump task is
-  cancelled with it and closes the backend stream, stopping generation.
+* client gone: :class:`EventStream`'s listener sees ``http.disconnect`` and cancels the
+  body; the turn's pump task is cancelled with it and closes the backend stream,
+  stopping generation.
 * upstream fails: the turn itself turns the failure into ``error`` + ``response.failed``.
-* server shutdown: the app's :class:`~app.transport.drain.Drain` (or sse-starlette's
-  own ``shutdown_event``) fires; the watcher interrupts the turn, whose events then end
-  with ``response.failed``, and ``[DONE]`` follows, within the grace period.
+* server shutdown: the app's :class:`~app.transport.drain.Drain` calls back each stream
+  it was given; the turn is interrupted, its events then end with ``response.failed``,
+  and ``[DONE]`` follows.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import anyio
-from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.background import BackgroundTask
+from starlette.responses import StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from app.engine.runs import LiveTurns
 from app.engine.turn import Emitted, Turn
@@ -31,8 +33,9 @@ from app.errors import ServerError
 from app.transport.drain import Drain
 
 PING_SECONDS = 15
-SHUTDOWN_GRACE_SECONDS = 5.0
 DONE_FRAME = b"data: [DONE]\n\n"
+PING_FRAME = b": ping\n\n"
+HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
 
 def encode_event(event_type: str, data: str) -> bytes:
@@ -41,26 +44,74 @@ def encode_event(event_type: str, data: str) -> bytes:
     return f"event: {event_type}\ndata: {data}\n\n".encode()
 
 
-def _response(body: AsyncIterator[bytes], shutdown: anyio.Event | None = None,
-              background: BackgroundTask | None = None) -> EventSourceResponse:
-    return EventSourceResponse(
-        body,
-        sep="\n",
-        ping=PING_SECONDS,
-        ping_message_factory=lambda: ServerSentEvent(comment="ping", sep="\n"),
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-        shutdown_event=shutdown,
-        shutdown_grace_period=SHUTDOWN_GRACE_SECONDS if shutdown is not None else 0,
-        background=background,
-    )
+class EventStream(StreamingResponse):
+    """A ``text/event-stream`` response: each chunk of the body (whole SSE blocks) is one
+    send.
+
+    Contract:
+
+    * Beside the body runs one task per stream, the listener: it waits for the client to
+      leave, and sends a ping comment every :data:`PING_SECONDS`. Nothing else runs per
+      stream (sse-starlette's response ran four tasks, a task group and a cancel scope per
+      send; at concurrency 16 in front of a fast upstream that was most of what a stream
+      cost beyond a JSON answer).
+    * The client leaving (``http.disconnect``) cancels the body through an anyio cancel
+      scope, so the body's shielded clean-up (recording the end) still runs; the body is
+      closed, and nothing more is sent.
+    * Sends never interleave inside a block: a ping goes out between two chunks (one lock),
+      never after the end.
+    * ``background`` is awaited once the body is over, however it ended.
+    """
+
+    def __init__(self, body: AsyncIterator[bytes], background: BackgroundTask | None = None) -> None:
+        super().__init__(body, headers=HEADERS, media_type="text/event-stream", background=background)
+        self._lock = asyncio.Lock()
+        self._gone = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if scope.get("method") != "HEAD":
+                await self._stream(receive, send)
+            if not self._gone:
+                async with self._lock:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            with anyio.CancelScope(shield=True):
+                if self.background is not None:
+                    await self.background()
+
+    async def _stream(self, receive: Receive, send: Send) -> None:
+        with anyio.CancelScope() as body_scope:
+            listener = asyncio.create_task(self._listen(receive, send, body_scope))
+            try:
+                async with contextlib.aclosing(self.body_iterator) as body:  # type: ignore[type-var]
+                    async for chunk in body:
+                        async with self._lock:
+                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            finally:
+                listener.cancel()
+
+    async def _listen(self, receive: Receive, send: Send, body_scope: anyio.CancelScope) -> None:
+        while True:
+            try:
+                async with asyncio.timeout(PING_SECONDS):
+                    message: Message = await receive()
+            except TimeoutError:
+                async with self._lock:
+                    await send({"type": "http.response.body", "body": PING_FRAME, "more_body": True})
+                continue
+            if message["type"] == "http.disconnect":
+                self._gone = True
+                body_scope.cancel()
+                return
 
 
 def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
-                on_end: Callable[[], Awaitable[None]] | None = None) -> EventSourceResponse:
+                on_end: Callable[[], Awaitable[None]] | None = None) -> EventStream:
     """The SSE response that drives a prepared turn. ``on_end`` (idempotent) is awaited
     once the turn has ended, before ``[DONE]``, and in any case when the response is
     over, also if its body never started."""
-    shutdown = anyio.Event()
 
     async def ended() -> None:
         await turn.discard()  # opened, but the body never ran: the client left first
@@ -68,7 +119,8 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
             await on_end()
 
     async def body() -> AsyncIterator[bytes]:
-        watcher = asyncio.create_task(_interrupt_on_shutdown(turn, shutdown, drain))
+        forget = drain.when_draining(
+            lambda: turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down")))
         try:
             async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
                 async for batch in batches:  # one send per batch
@@ -76,15 +128,13 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
             await ended()
             yield DONE_FRAME
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            forget()
             await ended()
 
-    return _response(body(), shutdown, BackgroundTask(ended))
+    return EventStream(body(), BackgroundTask(ended))
 
 
-def stream_emitted(events: AsyncIterator[Emitted]) -> EventSourceResponse:
+def stream_emitted(events: AsyncIterator[Emitted]) -> EventStream:
     """An SSE response following events produced elsewhere (a background run): the
     listener going away does not stop the run."""
 
@@ -93,10 +143,10 @@ def stream_emitted(events: AsyncIterator[Emitted]) -> EventSourceResponse:
             yield encode_event(emitted.type, emitted.data)
         yield DONE_FRAME
 
-    return _response(body())
+    return EventStream(body())
 
 
-def replay_events(events: Sequence[str], starting_after: int | None) -> EventSourceResponse:
+def replay_events(events: Sequence[str], starting_after: int | None) -> EventStream:
     """Stored events of a finished response, after sequence number ``starting_after``."""
 
     async def body() -> AsyncIterator[bytes]:
@@ -106,18 +156,4 @@ def replay_events(events: Sequence[str], starting_after: int | None) -> EventSou
                 yield encode_event(event["type"], data)
         yield DONE_FRAME
 
-    return _response(body())
-
-
-async def _interrupt_on_shutdown(turn: Turn, shutdown: anyio.Event, drain: Drain) -> None:
-    """Interrupt the turn when the app drains or sse-starlette sees uvicorn stopping."""
-    async with anyio.create_task_group() as group:
-
-        async def on_drain() -> None:
-            await drain.wait()
-            group.cancel_scope.cancel()
-
-        group.start_soon(on_drain)
-        await shutdown.wait()
-        group.cancel_scope.cancel()
-    turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down"))
+    return EventStream(body())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import json
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from app.errors import InvalidRequest, PreviousResponseNotFound
 from app.store.base import ResponseStore
 
 JSON = dict[str, Any]
+log = logging.getLogger("ors.history")
 
 
 @dataclass(slots=True)
@@ -98,35 +100,61 @@ class HistoryCache:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._entries: OrderedDict[tuple[str, str], History] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], History | _Recorded] = OrderedDict()
 
     def get(self, tenant: str, response_id: str) -> History | None:
-        history = self._entries.get((tenant, response_id))
-        if history is not None:
-            self._entries.move_to_end((tenant, response_id))
-        return history
+        entry = self._entries.get((tenant, response_id))
+        if entry is None:
+            return None
+        if isinstance(entry, _Recorded):
+            try:
+                entry = self._entries[(tenant, response_id)] = entry.history()
+            except Exception:  # never expected: the store has the chain as well
+                log.exception("the cached history of %s could not be built; it is read from the store", response_id)
+                del self._entries[(tenant, response_id)]
+                return None
+        self._entries.move_to_end((tenant, response_id))
+        return entry
 
     def remember(
         self, tenant: str, response_id: str, past: History, tools: list[JSON], own: list[JSON],
         *, sealed: SealedContent | None = None,
     ) -> None:
         """The chain up to ``response_id``: ``past`` (its parent's), then its own items
-        (stored form: inputs then outputs) and the tools it offered. Its conversation is
-        the parent's extended by the own items, when the parent's was built."""
+        (stored form: inputs then outputs) and the tools it offered. Kept as given, and
+        built into a :class:`History` by the first :meth:`get`: every stored response is
+        remembered before its answer is sent, but only a continued one needs its items
+        parsed (about a tenth of a millisecond saved on each of the others)."""
         if self.size <= 0:
             return
-        parsed = [from_stored(item) for item in own]
-        history = History(
-            items=[*past.items, *parsed],
-            tools=merge_tools(past.tools, tools),
-            stored_items=[*past.stored_items, *own],
-        )
-        if past._memo.conversation is not None:
-            history._memo.conversation = extend_conversation(past._memo.conversation, parsed, sealed=sealed)
-        self._entries[(tenant, response_id)] = history
+        self._entries[(tenant, response_id)] = _Recorded(past, tools, own, sealed)
         self._entries.move_to_end((tenant, response_id))
         while len(self._entries) > self.size:
             self._entries.popitem(last=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """A remembered response whose history is not built yet (see ``HistoryCache.remember``)."""
+
+    past: History
+    tools: list[JSON]
+    own: list[JSON]
+    sealed: SealedContent | None
+
+    def history(self) -> History:
+        """The parent's history extended by the own items; its conversation too, when the
+        parent's was built."""
+        parsed = [from_stored(item) for item in self.own]
+        history = History(
+            items=[*self.past.items, *parsed],
+            tools=merge_tools(self.past.tools, self.tools),
+            stored_items=[*self.past.stored_items, *self.own],
+        )
+        if self.past._memo.conversation is not None:
+            history._memo.conversation = extend_conversation(self.past._memo.conversation, parsed,
+                                                             sealed=self.sealed)
+        return history
 
 
 class StoredHistory(HistorySource):

@@ -38,9 +38,9 @@ SQLITE_READERS = 2
 
 
 class Database(abc.ABC):
-    @abc.abstractmethod
-    async def write(self, fn: Transaction[T]) -> T:
-        """Run ``fn`` in one write transaction; committed when this returns."""
+    """Reads for every engine; writes go through a group commit
+    (:mod:`app.store.group_commit`), which calls :meth:`PostgresDatabase.write` or, in
+    SQLite's writer thread, :meth:`SqliteDatabase.transaction`."""
 
     @abc.abstractmethod
     async def read(self, fn: Transaction[T]) -> T:
@@ -66,7 +66,6 @@ class SqliteDatabase(Database):
         event.listen(self._engine, "connect", configure_sqlite)
         event.listen(self._engine, "begin", begin_sqlite)
         self._writer_engine = self._engine.execution_options(**{WRITE_OPTION: True})
-        self._writer = ThreadPoolExecutor(1, thread_name_prefix="store-writer")
         self._writing: Connection | None = None
         """The writer thread's own connection, kept open between writes (a checkout from
         the pool and back, per write, cost about a quarter of a write's CPU); only that
@@ -77,10 +76,9 @@ class SqliteDatabase(Database):
     def sync_engine(self) -> Engine:
         return self._engine
 
-    async def write(self, fn: Transaction[T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._writer, self._write, fn)
-
-    def _write(self, fn: Transaction[T]) -> T:
+    def transaction(self, fn: Transaction[T]) -> T:
+        """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``), committed when this
+        returns. Called only in the writer thread (``ThreadGroupCommit``)."""
         connection = self._writing
         if connection is None:
             connection = self._writing = self._writer_engine.connect()
@@ -93,7 +91,8 @@ class SqliteDatabase(Database):
             connection.close()
             raise
 
-    def _close_writing(self) -> None:
+    def close_writer(self) -> None:
+        """Close the writer thread's connection (in that thread, as it ends)."""
         if self._writing is not None:
             self._writing.close()
             self._writing = None
@@ -103,8 +102,6 @@ class SqliteDatabase(Database):
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._writer, self._close_writing)
-        await loop.run_in_executor(None, self._writer.shutdown)
         await loop.run_in_executor(None, self._readers.shutdown)
         await loop.run_in_executor(None, self._engine.dispose)
 
@@ -120,6 +117,7 @@ class PostgresDatabase(Database):
         return self._engine.sync_engine
 
     async def write(self, fn: Transaction[T]) -> T:
+        """Run ``fn`` in one write transaction; committed when this returns."""
         async with self._writer.begin() as connection:
             return await connection.run_sync(fn)
 

@@ -67,7 +67,7 @@ from app.store.cancels import (
     encode_notice,
 )
 from app.store.codec import pack_events, unpack_events
-from app.store.group_commit import GroupCommit
+from app.store.group_commit import GroupCommit, ThreadGroupCommit, Writes
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
@@ -113,7 +113,7 @@ class SqlResponseStore(ResponseStore):
         self._relay: PostgresEventRelay | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
-        self._group: GroupCommit | None = None
+        self._group: Writes | None = None
 
     @property
     def engine(self) -> AsyncEngine:
@@ -142,8 +142,12 @@ class SqlResponseStore(ResponseStore):
             raise RuntimeError("the store is already open")
         engine = create_engine(self.url, pool_size=self._pool_size)
         self._engine = engine
-        self._db = SqliteDatabase(self.url) if self.is_sqlite else PostgresDatabase(engine)
-        self._group = GroupCommit(self._db, writers=1 if self.is_sqlite else POSTGRES_WRITERS)
+        if self.is_sqlite:
+            sqlite = SqliteDatabase(self.url)
+            self._db, self._group = sqlite, ThreadGroupCommit(sqlite)
+        else:
+            postgres = PostgresDatabase(engine)
+            self._db, self._group = postgres, GroupCommit(postgres, writers=POSTGRES_WRITERS)
         try:
             if self.is_sqlite:
                 self._liveness = SingleProcessLiveness(sqlite_path(self.url))

@@ -38,6 +38,12 @@ PING_FRAME = b": ping\n\n"
 HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
 
 
+class Last(bytes):
+    """The last chunk of a stream's body: :class:`EventStream` sends it as the end of the
+    body, so the terminal events, ``[DONE]`` and the end of the chunked body leave in one
+    write instead of three."""
+
+
 def encode_event(event_type: str, data: str) -> bytes:
     """One SSE block: the ``event`` line, one ``data`` line (JSON never holds a raw
     newline), and the blank line."""
@@ -59,7 +65,7 @@ class EventStream(StreamingResponse):
       scope, so the body's shielded clean-up (recording the end) still runs; the body is
       closed, and nothing more is sent.
     * Sends never interleave inside a block: a ping goes out between two chunks (one lock),
-      never after the end.
+      never after the end. A :class:`Last` chunk ends the body (nothing after it is read).
     * ``background`` is awaited once the body is over, however it ended.
     """
 
@@ -67,13 +73,14 @@ class EventStream(StreamingResponse):
         super().__init__(body, headers=HEADERS, media_type="text/event-stream", background=background)
         self._lock = asyncio.Lock()
         self._gone = False
+        self._complete = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             if scope.get("method") != "HEAD":
                 await self._stream(receive, send)
-            if not self._gone:
+            if not self._gone and not self._complete:
                 async with self._lock:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -87,8 +94,12 @@ class EventStream(StreamingResponse):
             try:
                 async with contextlib.aclosing(self.body_iterator) as body:  # type: ignore[type-var]
                     async for chunk in body:
+                        last = isinstance(chunk, Last)
                         async with self._lock:
-                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                        if last:
+                            self._complete = True
+                            break
             finally:
                 listener.cancel()
 
@@ -124,9 +135,14 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
         try:
             async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
                 async for batch in batches:  # one send per batch
-                    yield b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
+                    chunk = b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
+                    if turn.ended:  # the terminal event, recorded: nothing follows it
+                        await ended()
+                        yield Last(chunk + DONE_FRAME)
+                        return
+                    yield chunk
             await ended()
-            yield DONE_FRAME
+            yield Last(DONE_FRAME)
         finally:
             forget()
             await ended()
@@ -141,7 +157,7 @@ def stream_emitted(events: AsyncIterator[Emitted]) -> EventStream:
     async def body() -> AsyncIterator[bytes]:
         async for emitted in events:
             yield encode_event(emitted.type, emitted.data)
-        yield DONE_FRAME
+        yield Last(DONE_FRAME)
 
     return EventStream(body())
 
@@ -154,6 +170,6 @@ def replay_events(events: Sequence[str], starting_after: int | None) -> EventStr
             event = json.loads(data)
             if starting_after is None or event["sequence_number"] > starting_after:
                 yield encode_event(event["type"], data)
-        yield DONE_FRAME
+        yield Last(DONE_FRAME)
 
     return EventStream(body())

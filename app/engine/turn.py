@@ -29,7 +29,10 @@ backend and yields :class:`Emitted` events, each serialized exactly once. Its co
   generator cannot be resumed by anyone else); a background turn is read by its own task.
 * Storage (``store: true``): the response and its input items are recorded before the
   first event is yielded, and its output and events when the terminal event is made.
-  Nothing is written per delta.
+  Nothing is written per delta. The pump starts before that first write, so the model
+  works while the start is recorded (what it makes waits in the queue until the start is
+  durable); if the write fails, the pump is cancelled and awaited before the error is
+  raised.
 * The turn's :class:`TurnPhase` moves ``PREPARED`` → ``RUNNING`` → ``ENDED`` and never
   back. ``ENDED`` means its outcome is final: the terminal event was made and recorded,
   or the turn failed before its first event (:meth:`wait_started` then raises that
@@ -266,7 +269,6 @@ class Turn:
         builder = self.builder
         self.phase = TurnPhase.RUNNING
         began = False
-        pump: asyncio.Task[None] | None = None
         self._started_at = time.monotonic()
         if self.metrics is not None:
             self.metrics.responses_in_progress.inc()
@@ -279,10 +281,9 @@ class Turn:
                 batch = [self._emit(event) for event in builder.begin()]
                 await self._record_status()
             yield batch
-            queue: asyncio.Queue[object] = asyncio.Queue(maxsize=_QUEUE_SIZE)
-            self._queue = queue
-            if self._control is None:
-                pump = self._pump_task = asyncio.create_task(self._pump(queue), name=f"backend-{self.id}")
+            self._start_pump()
+            queue = self._queue
+            assert queue is not None
             while not builder.finished:
                 got = self._control
                 if got is None:
@@ -310,6 +311,7 @@ class Turn:
                 self.start_error = exc
             raise
         finally:
+            pump = self._pump_task
             if pump is not None:
                 pump.cancel()
             with anyio.CancelScope(shield=True):
@@ -419,9 +421,31 @@ class Turn:
         plain HTTP error instead of a stream cut before ``response.created``; otherwise
         :meth:`events` does it. Idempotent. A turn opened this way must then be driven
         (:meth:`events`) or :meth:`discard`-ed."""
-        if not self._opened:
+        if self._opened:
+            return
+        if self.store is not None and not self._defer:
+            self._start_pump()  # the model starts while the start is recorded
+        try:
             await self._record_begin()
-            self._opened = True
+        except BaseException:
+            await self._stop_pump()
+            raise
+        self._opened = True
+
+    def _start_pump(self) -> None:
+        """The queue and, unless a signal came first, the pump task (once)."""
+        if self._queue is None:
+            self._queue = asyncio.Queue(maxsize=_QUEUE_SIZE)
+            if self._control is None:
+                self._pump_task = asyncio.create_task(self._pump(self._queue), name=f"backend-{self.id}")
+
+    async def _stop_pump(self) -> None:
+        """Cancel the pump, if any, and wait until it has closed the backend stream."""
+        pump = self._pump_task
+        if pump is not None:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
 
     def defer_recording(self) -> None:
         """Record this response once, whole, when it ends (``store.record``: one

@@ -160,12 +160,14 @@ async def test_a_turn_cancelled_before_it_runs_never_calls_the_backend() -> None
 
 async def test_a_background_run_that_cannot_start_ends(tmp_path: Path) -> None:
     """The response it continues was deleted between the check and the start: its start
-    fails, and the waiters are released with that error instead of waiting forever."""
+    fails, and the waiters are released with that error instead of waiting forever. The
+    model, started while the start was being recorded, is stopped before that: its stream
+    is closed, nothing it made is sent."""
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, store=store, history=_Fixed(), previous_response_id="resp_gone",
+        turn = await _turn(backend, "slow", store=store, history=_Fixed(), previous_response_id="resp_gone",
                            background=True)
         live = LiveTurns()
         live.start_background(turn)
@@ -174,7 +176,7 @@ async def test_a_background_run_that_cannot_start_ends(tmp_path: Path) -> None:
         await turn.wait_ended()
         assert [emitted async for emitted in turn.follow()] == []
         assert live.get("t", turn.id) is None
-        assert backend.requests == []
+        assert backend.cancelled == backend.requests  # started at most once, and stopped
         assert await store.get("t", turn.id) is None
     finally:
         await store.close()
@@ -224,10 +226,12 @@ async def test_a_stream_whose_start_fails_fails_before_its_first_event(tmp_path:
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, store=store, history=_Fixed(), previous_response_id="resp_gone", stream=True)
+        turn = await _turn(backend, "slow", store=store, history=_Fixed(), previous_response_id="resp_gone",
+                           stream=True)
         with pytest.raises(PreviousResponseNotFound):
             await turn.open()
-        assert turn.emitted == [] and backend.requests == []
+        # the model started while the start was recorded is stopped before the error
+        assert turn.emitted == [] and backend.cancelled == backend.requests
         assert await store.get("t", turn.id) is None
     finally:
         await store.close()
@@ -238,12 +242,13 @@ async def test_an_opened_turn_never_driven_is_discarded_as_its_client_leaving(tm
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, store=store, stream=True)
+        turn = await _turn(backend, "slow", store=store, stream=True)
         await turn.open()
         stored = await store.get("t", turn.id)
         assert stored is not None and stored.status == "in_progress"
         await turn.discard()
         await turn.discard()  # idempotent
+        assert backend.cancelled == backend.requests  # the model it started is stopped
         stored = await store.get("t", turn.id)
         assert stored is not None and stored.status == "incomplete"
         assert stored.resource["incomplete_details"] == {"reason": "client_disconnected"}

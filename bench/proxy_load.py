@@ -11,6 +11,7 @@ import asyncio
 import re
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.procfs import cpu_seconds, rss_mib
@@ -172,18 +173,27 @@ def _open_timeline(exchanges: list[Exchange], origin: float, moments: list[float
 # ---------------------------------------------------------------- a previous_response_id chain
 
 
+CHAIN_ALTERNATIONS = 60
+"""Turns 2 and N measured in alternation, each this many times, after the chain is built."""
+
+
 async def chain(port: int, model: str, turns: int, direct_port: int | None = None) -> dict[str, object]:
     """A stored conversation of ``turns`` turns, each continuing the last with
-    ``previous_response_id`` and a small input; the time of every turn (a JSON response,
-    sequentially on one connection). Compares the median of turns 2-12 with that of the
-    last 11 turns. With ``direct_port`` (the upstream), the same conversations are also
+    ``previous_response_id`` and a small input (a JSON response, sequentially on one
+    connection); then the cost of turn 2 and of turn N measured in alternation, so that
+    drift of the machine falls on both alike: each alternation continues the chain's
+    first response (a turn 2) and its second-to-last one (a turn N, with the whole
+    conversation behind it). The sequential turns' medians (2-12 and the last 11) are
+    reported too. With ``direct_port`` (the upstream), the same conversations are also
     sent to it directly as Chat Completions requests: what the upstream itself takes to
     read a conversation that long, so that what ors adds can be told from it."""
     connection = await Connection.open(port)
-    previous: str | None = None
+    ids: list[str] = []
     timings: list[float] = []
     failure = None
-    for _ in range(turns):
+
+    async def turn(previous: str | None) -> tuple[float, str] | None:
+        nonlocal connection, failure
         body: dict[str, object] = {"model": model, "input": "next"}
         if previous is not None:
             body["previous_response_id"] = previous
@@ -192,30 +202,48 @@ async def chain(port: int, model: str, turns: int, direct_port: int | None = Non
         exchange = await connection.exchange(post(port, "/v1/responses", body), RESPONSES_PROBE, keep_body=True)
         if not exchange.ok:
             failure = f"turn {len(timings) + 1}: {exchange.error or exchange.status} {exchange.body[:300]!r}"
+            return None
+        return exchange.end, exchange.json()["id"]
+
+    for _ in range(turns):
+        done = await turn(ids[-1] if ids else None)
+        if done is None:
             break
-        timings.append(exchange.end)
-        previous = exchange.json()["id"]
+        timings.append(done[0])
+        ids.append(done[1])
+    early = late = None
+    if len(ids) >= 23 and failure is None:
+        alternated: dict[str, list[float]] = {"early": [], "late": []}
+        for _ in range(CHAIN_ALTERNATIONS):
+            for key, parent in (("early", ids[0]), ("late", ids[-2])):
+                done = await turn(parent)
+                if done is not None:
+                    alternated[key].append(done[0])
+        if alternated["early"] and alternated["late"]:
+            early, late = statistics.median(alternated["early"]), statistics.median(alternated["late"])
     connection.close()
-    early = statistics.median(timings[1:12]) if len(timings) >= 12 else None
-    late = statistics.median(timings[-11:]) if len(timings) >= 23 else None
+    sequential_early = statistics.median(timings[1:12]) if len(timings) >= 12 else None
+    sequential_late = statistics.median(timings[-11:]) if len(timings) >= 23 else None
     direct: dict[str, float | None] = {"early_ms": None, "late_ms": None}
     if direct_port is not None and early and late:
-        count = len(timings)
-        direct["early_ms"] = await _direct_turns(direct_port, model, range(2, 13)) * 1000
-        direct["late_ms"] = await _direct_turns(direct_port, model, range(count - 10, count + 1)) * 1000
+        count = len(ids)
+        direct["early_ms"] = await _direct_turns(direct_port, model, [2] * 11) * 1000
+        direct["late_ms"] = await _direct_turns(direct_port, model, [count] * 11) * 1000
     added_early = early * 1000 - direct["early_ms"] if early and direct["early_ms"] is not None else None
     added_late = late * 1000 - direct["late_ms"] if late and direct["late_ms"] is not None else None
     return {"turns": turns, "completed_turns": len(timings), "failure": failure,
-            "early_turns": "2-12", "late_turns": f"{len(timings) - 10}-{len(timings)}",
+            "early_turns": "2", "late_turns": f"{len(ids)}", "alternations": CHAIN_ALTERNATIONS,
             "early_ms": early * 1000 if early else None, "late_ms": late * 1000 if late else None,
             "late_over_early": late / early if early and late else None,
+            "sequential_early_ms": sequential_early * 1000 if sequential_early else None,
+            "sequential_late_ms": sequential_late * 1000 if sequential_late else None,
             "direct_early_ms": direct["early_ms"], "direct_late_ms": direct["late_ms"],
             "added_early_ms": added_early, "added_late_ms": added_late,
             "added_late_over_early": added_late / added_early if added_early and added_late else None,
             "timings_ms": [round(t * 1000, 3) for t in timings]}
 
 
-async def _direct_turns(port: int, model: str, turns: range, repeats: int = 3) -> float:
+async def _direct_turns(port: int, model: str, turns: Sequence[int], repeats: int = 3) -> float:
     """The median time the upstream itself takes (Chat Completions, JSON) for the
     conversation ors sends it at each of ``turns``: the user's ``next`` after every
     earlier turn's ``next`` and answer."""

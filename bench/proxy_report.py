@@ -167,9 +167,12 @@ def _print(report: dict[str, Any]) -> None:
               f"(after {streams['rss_mib_after']:.0f}); {streams['wall_s']:.1f} s")
     if chained:
         if chained["late_over_early"] is not None:
-            print(f"chain of {chained['completed_turns']} turns: turns {chained['early_turns']} "
-                  f"{chained['early_ms']:.1f} ms, turns {chained['late_turns']} {chained['late_ms']:.1f} ms "
-                  f"({chained['late_over_early']:.2f}x)")
+            print(f"chain of {chained['completed_turns']} turns, then turn {chained['early_turns']} and turn "
+                  f"{chained['late_turns']} in alternation ({chained['alternations']} each): "
+                  f"{chained['early_ms']:.1f} ms and {chained['late_ms']:.1f} ms ({chained['late_over_early']:.2f}x)")
+            if chained.get("sequential_late_ms"):
+                print(f"  while the chain was built: turns 2-12 {chained['sequential_early_ms']:.1f} ms, the last 11 "
+                      f"{chained['sequential_late_ms']:.1f} ms")
         if chained.get("added_late_over_early") is not None:
             print(f"  the upstream alone, same conversations: {chained['direct_early_ms']:.1f} ms and "
                   f"{chained['direct_late_ms']:.1f} ms; added by ors: {chained['added_early_ms']:.1f} ms and "

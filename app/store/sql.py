@@ -213,7 +213,8 @@ class SqlResponseStore(ResponseStore):
     # -- writes --------------------------------------------------------------------
 
     async def begin(self, response: NewResponse) -> None:
-        await self._write(self._begin_work(response))
+        # visible at once, on disk with the response's end at the latest (group_commit)
+        await self._write(self._begin_work(response), flush=False)
 
     async def finish(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
@@ -301,7 +302,9 @@ class SqlResponseStore(ResponseStore):
                 values["finished_at"] = now
             connection.execute(update(responses).where(responses.c.id == response_id).values(values))
 
-        await self._write(work)
+        # a step between starts (queued -> in_progress) is flushed with the end; a cancel
+        # is an end
+        await self._write(work, flush=status == "cancelled")
 
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
         postgres = not self.is_sqlite
@@ -411,12 +414,13 @@ class SqlResponseStore(ResponseStore):
                 log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
             return recovered
 
-    async def _write(self, work: Callable[[Connection], T]) -> T:
+    async def _write(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         """Run ``work`` in a write transaction, grouped with concurrent writes (see
-        :mod:`app.store.group_commit`); the caller's cancellation does not interrupt it."""
+        :mod:`app.store.group_commit`, also for ``flush``); the caller's cancellation
+        does not interrupt it."""
         if self._group is None:
             raise RuntimeError("the store is not open")
-        return await self._group.run(work)
+        return await self._group.run(work, flush=flush)
 
     # -- reads ---------------------------------------------------------------------
 

@@ -1,12 +1,15 @@
 """Group commit on both engines: concurrent writes share transactions, a failing write
-fails alone, and queued writes hold no connection from the pool."""
+fails alone, queued writes hold no connection from the pool, and only a response's start
+is committed without a flush."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 
 import pytest
+from sqlalchemy.engine import Connection
 
 from app.errors import PreviousResponseNotFound
 from app.store.base import StoreConflict
@@ -97,3 +100,89 @@ async def test_record_of_a_continuation_whose_parent_is_gone_writes_nothing(
     with pytest.raises(PreviousResponseNotFound):
         await store.record(orphan, final(orphan, output), output, events_of(orphan.id))
     assert await store.get(tenant, orphan.id) is None
+
+
+# ---------------------------------------------------------------- flushed or not
+
+
+def _synchronous(connection: Connection) -> str:
+    """The commit's durability setting as the database sees it inside the transaction."""
+    if connection.dialect.name == "sqlite":
+        return {2: "flushed", 1: "unflushed"}[connection.exec_driver_sql("PRAGMA synchronous").scalar()]
+    return {"on": "flushed", "off": "unflushed"}[connection.exec_driver_sql("SHOW synchronous_commit").scalar()]
+
+
+def _hold_writer(connection: Connection) -> None:
+    """Keeps the writer busy for a moment, so that the writes made meanwhile form one batch."""
+    if connection.dialect.name == "sqlite":
+        time.sleep(0.3)  # in the writer thread
+    else:
+        connection.exec_driver_sql("SELECT pg_sleep(0.3)")
+
+
+async def test_a_write_is_flushed_unless_told_otherwise(store: SqlResponseStore) -> None:
+    group = store._group
+    assert group is not None
+    assert await group.run(_synchronous) == "flushed"
+    assert await group.run(_synchronous, flush=False) == "unflushed"
+    assert await group.run(_synchronous) == "flushed"  # the setting does not stick
+
+
+async def test_a_batch_with_one_write_to_flush_is_flushed_whole(store: SqlResponseStore) -> None:
+    group = store._group
+    assert group is not None
+    holding = asyncio.create_task(group.run(_hold_writer))
+    await asyncio.sleep(0.1)  # the writer has taken it
+    before = group.batches
+    seen = await asyncio.gather(group.run(_synchronous, flush=False), group.run(_synchronous),
+                                group.run(_synchronous, flush=False))
+    await holding
+    assert group.batches - before == 2  # the held write's batch, then the three together
+    assert seen == ["flushed"] * 3
+    assert await group.run(_synchronous, flush=False) == "unflushed"  # alone again
+
+
+async def test_only_starts_go_unflushed(store: SqlResponseStore, tenant: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which of the store's writes ask for a flush (the real writes run, observed)."""
+    group = store._group
+    assert group is not None
+    asked: list[bool] = []
+    run = group.run
+
+    async def observed(work, *, flush: bool = True):  # type: ignore[no-untyped-def]
+        asked.append(flush)
+        return await run(work, flush=flush)
+
+    monkeypatch.setattr(group, "run", observed)
+
+    def seen() -> list[bool]:
+        taken = asked[:]
+        asked.clear()
+        return taken
+
+    one = new_response(tenant)
+    await store.begin(one)
+    assert seen() == [False]
+    await store.set_status(tenant, one.id, "in_progress", one.resource)
+    assert seen() == [False]
+    output = [assistant_message("done")]
+    await store.finish(tenant, one.id, final(one, output), output, events_of(one.id))
+    assert seen() == [True]
+    whole = new_response(tenant)
+    await store.record(whole, final(whole, output), output, events_of(whole.id))
+    assert seen() == [True]
+    queued = new_response(tenant, background=True, status="queued")
+    await store.begin(queued)
+    seen()
+    await store.set_status(tenant, queued.id, "cancelled", queued.resource)
+    assert seen() == [True]
+    other = new_response(tenant, background=True, status="queued")
+    await store.begin(other)
+    seen()
+    await store.cancel(tenant, other.id)
+    cancelled = seen()
+    assert cancelled and all(cancelled)
+    assert await store.delete(tenant, one.id)
+    deleted = seen()
+    assert deleted and all(deleted)

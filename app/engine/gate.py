@@ -50,7 +50,9 @@ Every structural check above it still blocks either way.
 ``chat_completions_envelope`` (a message with ``tool_calls``, a ``role: "tool"`` or
 ``"function"`` message, a nested ``{"type": "function", "function": {...}}`` call), whose
 message names the Responses equivalent; ``invalid_tool_schema`` on a tool of ``tools``
-itself (param ``tools[i].parameters``, checked whether or not a call uses it). Each
+itself (param ``tools[i].parameters``, checked whether or not a call uses it);
+``duplicate_tool_name`` on a tool whose name (a namespaced function's flat name, a
+custom tool's name) another tool before it already has (param ``tools[i].name``). Each
 ``function_call`` in ``items`` also gets a finding from the call checks (``status`` to
 ``arguments_schema``); it is informative only (``blocking`` is false): an unanswered
 replayed call is context, and an answered one is judged through its output.
@@ -100,6 +102,7 @@ class Reason(StrEnum):
     NOT_AN_ITEM = "not_an_item"
     CHAT_COMPLETIONS_ENVELOPE = "chat_completions_envelope"
     INVALID_TOOL_SCHEMA = "invalid_tool_schema"
+    DUPLICATE_TOOL_NAME = "duplicate_tool_name"
     CALL_ID = "call_id"
     DUPLICATE_OUTPUT = "duplicate_output"
     NAMESPACED = "namespaced"
@@ -217,10 +220,18 @@ class _Toolbox:
                 self.by_name[name] = _Tool(name, tool.get("parameters"), None)
         self.findings: list[Finding] = []
         own: dict[str, _Tool] = {}
+        first_at: dict[str, str] = {}
         for tool, path in _functions(tools, "tools"):
             name = _function_name(tool)
-            if name is None or name in own:
+            if name is None:
                 continue
+            if name in own:  # a call by this name could mean either: refused, not guessed
+                self.findings.append(Finding(
+                    None, f"{path}.name", "tool", Reason.DUPLICATE_TOOL_NAME,
+                    f"Tool names must be unique: {name!r} is also the name of {first_at[name]}. "
+                    "Rename or remove one of them.", name=name))
+                continue
+            first_at[name] = path
             custom = tool.get("type") == "custom"
             param = f"{path}.format.definition" if custom else f"{path}.parameters"
             own[name] = _Tool(name, tool.get("parameters"), param)

@@ -108,6 +108,11 @@ def test_too_many_tools(client: Client) -> None:
     assert (error["code"], error["param"]) == ("too_many_tools", "tools")
 
 
+def test_two_tools_of_one_name(client: Client) -> None:
+    error = client.error({"model": "scripted-text", "input": "x", "tools": [_tool(), _tool("other"), _tool()]}, 400)
+    assert (error["code"], error["param"]) == ("duplicate_tool_name", "tools[2].name")
+
+
 def test_schema_over_the_byte_limit(client: Client) -> None:
     properties = {f"p{i:06d}": {"type": "string", "description": "d" * 100} for i in range(DEFAULT_MAX_SCHEMA_BYTES // 50)}
     big = _tool("big", parameters={"type": "object", "properties": properties})

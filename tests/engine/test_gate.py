@@ -220,6 +220,26 @@ def test_invalid_tool_schema_is_reported_on_the_tool() -> None:
     assert "$.properties" in error.message and "get_weather" in error.message
 
 
+def test_a_tool_name_given_twice_is_refused_on_the_second() -> None:
+    again = {**WEATHER, "description": "another"}
+    error = rejection([user()], tools=[WEATHER, again])
+    assert (error.code, error.param) == ("duplicate_tool_name", "tools[1].name")
+    assert "tools[0]" in error.message and WEATHER["name"] in error.message
+    # a custom tool counts by its name too
+    custom = {"type": "custom", "name": WEATHER["name"]}
+    assert (rejection([user()], tools=[WEATHER, custom]).param) == "tools[1].name"
+    # distinct names pass
+    assert all(f.ok for f in check_items([user()], tools=[WEATHER, {**WEATHER, "name": "other"}]))
+
+
+def test_a_namespaced_function_clashes_only_by_its_flat_name() -> None:
+    group = {"type": "namespace", "name": "crm", "tools": [{**WEATHER}, {**WEATHER}]}
+    error = rejection([user()], tools=[group])
+    assert (error.code, error.param) == ("duplicate_tool_name", "tools[0].tools[1].name")
+    # the same function name in a namespace and at the top is not the same tool
+    assert all(f.ok for f in check_items([user()], tools=[WEATHER, {**group, "tools": [WEATHER]}]))
+
+
 def test_invalid_regex_in_a_tool_schema() -> None:
     broken = {"type": "function", "name": "f", "parameters": {"properties": {"a": {"pattern": "[unclosed"}}}}
     error = rejection([], tools=[WEATHER, broken])
@@ -444,7 +464,7 @@ def test_is_namespaced() -> None:
 
 def test_reasons_are_the_documented_codes() -> None:
     assert {str(reason) for reason in Reason} == {
-        "ok", "not_an_item", "chat_completions_envelope", "invalid_tool_schema", "call_id",
+        "ok", "not_an_item", "chat_completions_envelope", "invalid_tool_schema", "duplicate_tool_name", "call_id",
         "duplicate_output", "namespaced", "not_function_call", "status", "arguments_type",
         "arguments_parse", "unknown_tool", "arguments_schema",
     }

@@ -261,27 +261,28 @@ def _json(response: ResponseResource) -> Response:
 
 
 async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource:
-    """Run a non-streaming turn, cancelling it if the client disconnects first."""
-
-    async def drive() -> ResponseResource:
-        async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
-            async for _ in batches:
-                pass
-        return turn.response
-
-    task = asyncio.create_task(drive())
+    """Run a non-streaming turn in this task, cancelling it if the client disconnects
+    first (one watcher task beside it, which is cancelled once the turn is over)."""
+    current = asyncio.current_task()
+    assert current is not None
+    running = True
 
     async def watch_disconnect() -> None:
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
-                task.cancel()
+                if running:
+                    current.cancel()
                 return
 
     watcher = asyncio.create_task(watch_disconnect())
     try:
-        return await task
+        async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
+            async for _ in batches:
+                pass
+        return turn.response
     finally:
+        running = False
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher

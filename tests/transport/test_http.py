@@ -1,0 +1,51 @@
+"""``POST /v1/responses`` answered as JSON (``app.transport.http``) through the real server:
+a client that leaves before the answer stops the generation, and the server goes on
+serving."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.backends.base import TextDelta
+from app.backends.scripted import Script, ScriptedBackend
+from app.config import Settings
+from app.main import create_app
+from compliance import validate_response
+from tests.live import LiveServer
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[LiveServer, ScriptedBackend]]:
+    """A server with a scripted model (named as such) that waits 30 s before its only
+    delta, and one that answers at once."""
+    scripted = ScriptedBackend({
+        "scripted-silent": Script([TextDelta("late")], delay=30),
+        "scripted-quick": Script([TextDelta("quick")]),
+    })
+    server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted])).start()
+    try:
+        yield server, scripted
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("store", [True, False])
+def test_a_json_client_that_leaves_stops_generation(served: tuple[LiveServer, ScriptedBackend], store: bool) -> None:
+    server, scripted = served
+    body = {"model": "scripted-silent", "input": "x", "store": store}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.post(f"{server.url}/v1/responses", json=body, timeout=httpx.Timeout(30, read=0.5))
+    deadline = time.monotonic() + 10
+    while not scripted.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(scripted.cancelled) == 1, "generation went on after the client left"
+    # the task that served it was cancelled, not the server: the next request is answered
+    reply = httpx.post(f"{server.url}/v1/responses", json={"model": "scripted-quick", "input": "x"}, timeout=30)
+    assert reply.status_code == 200
+    validate_response(reply.json())
+    assert reply.json()["output"][0]["content"][0]["text"] == "quick"

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from contextvars import ContextVar
-from typing import Literal
+from typing import Any, Literal
 
 LogFormat = Literal["text", "json"]
 
@@ -68,8 +68,30 @@ def configure(level: str, fmt: LogFormat) -> None:
     # they log warnings and errors only, whatever the level asked for.
     root.setLevel(max(wanted, logging.WARNING))
     logging.getLogger("ors").setLevel(wanted)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    for name in ("uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)
         logger.handlers[:] = []
         logger.propagate = True
         logger.setLevel(wanted)
+    # uvicorn writes its access line when a response starts, before its body leaves;
+    # ours (:func:`log_access`) is written once the response is over, with its duration.
+    # Without a handler anywhere above it, uvicorn does not even format its own.
+    silent = logging.getLogger("uvicorn.access")
+    silent.handlers[:] = []
+    silent.propagate = False
+
+
+access = logging.getLogger("ors.access")
+"""One line per HTTP request, once its response is over (a stream once it ended)."""
+
+
+def log_access(scope: dict[str, Any], status: int, seconds: float) -> None:
+    """``127.0.0.1:50412 - "POST /v1/responses HTTP/1.1" 200 1.3ms``: uvicorn's access
+    line, with the time from the request's arrival to the end of its response."""
+    if not access.isEnabledFor(logging.INFO):
+        return
+    client = scope.get("client")
+    query = scope.get("query_string")
+    path = scope["path"] + "?" + query.decode("latin-1") if query else scope["path"]
+    access.info('%s - "%s %s HTTP/%s" %d %.1fms', f"{client[0]}:{client[1]}" if client else "-",
+                scope["method"], path, scope.get("http_version", "1.1"), status, seconds * 1000)

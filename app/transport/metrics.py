@@ -3,7 +3,8 @@
 The middleware is pure ASGI: it notes the status when the response starts and counts the
 request when it ends (a stream is counted once it is over), labelled by the route's
 template (``/v1/responses/{response_id}``, never the id itself; ``unmatched`` for paths
-no route serves), so the number of series stays bounded.
+no route serves), so the number of series stays bounded. It writes the request's access
+line then too (:func:`app.logs.log_access`), after the response's last byte left.
 
 ``/metrics`` is protected like the API: with ``ORS_METRICS_KEY`` set, only that bearer
 key reads it; otherwise, with ``ORS_API_KEYS`` set, any API key does; with neither, it
@@ -13,12 +14,14 @@ is open (like the API itself).
 from __future__ import annotations
 
 import hmac
+import time
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import Unauthorized
+from app.logs import log_access
 from app.metrics import Metrics, RequestLabels, current_request
 
 
@@ -37,6 +40,7 @@ class MetricsMiddleware:
         labels = RequestLabels()
         token = current_request.set(labels)
         status = 500
+        started = time.perf_counter()
 
         async def noting_status(message: Message) -> None:
             nonlocal status
@@ -51,6 +55,7 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             self.metrics.http_requests.labels(template, scope["method"], str(status), labels.model).inc()
+            log_access(scope, status, time.perf_counter() - started)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         gauge = self.metrics.websocket_connections

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,4 +51,11 @@ def test_json_lines_with_request_ids_and_no_secrets(process: ServerProcess, tmp_
     assert {"time", "level", "logger", "message"} <= set(lines[0])
     mine = [line for line in lines if line.get("request_id") == "trace-42"]
     assert any("not_a_field" in str(line["message"]) for line in mine)
+    # one access line per request, written once its response is over, with its duration
+    access = [line for line in lines if line["logger"] == "ors.access"]
+    assert [line["request_id"] for line in access if "/v1/responses" in str(line["message"])] == [
+        "trace-42", fresh.headers["x-request-id"], refused.headers["x-request-id"]]
+    assert re.fullmatch(r'127\.0\.0\.1:\d+ - "POST /v1/responses HTTP/1\.1" 200 \d+\.\dms', str(access[-3]["message"]))
+    assert '"POST /v1/responses HTTP/1.1" 401 ' in str(access[-1]["message"])
+    assert not [line for line in lines if line["logger"] == "uvicorn.access"]  # not twice
     assert KEY not in log and "PELICAN-7731" not in log

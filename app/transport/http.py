@@ -10,13 +10,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Emitted, Turn
 from app.engine.validation import decode_json
-from app.errors import InvalidRequest, NotFound
+from app.errors import InvalidRequest, NotFound, ORSError
 from app.protocol.responses import ResponseResource
 from app.store.base import ResponseStore
 from app.transport.auth import KeyAuthenticator
@@ -288,6 +290,35 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
             await watcher
 
 
+class CreateResponseRoute:
+    """``POST /v1/responses`` straight to :func:`create_response`, past the framework's
+    router and its per-request layers (exception middleware, exit stacks, dependency
+    solving, route matching): the one route whose cost is the product's, in front of a
+    fast upstream. A pure ASGI middleware, the innermost one, so the guards, request ids
+    and metrics around it see the request as they see any other; the route stays
+    registered with FastAPI too (the OpenAPI document, and nothing else reaches it).
+
+    An :class:`ORSError` leaves as the spec's error object through the one mapping
+    (:func:`error_response`), as the exception handlers send it; anything else goes on
+    to the outermost handler, which logs it and answers 500 with the error object."""
+
+    def __init__(self, app: ASGIApp, route: BaseRoute) -> None:
+        self.app = app
+        self.route = route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/responses" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self.route  # what the metrics label the request with
+        request = Request(scope, receive, send)
+        try:
+            response = await create_response(request)
+        except ORSError as exc:
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+
 def install_routes(app: FastAPI) -> None:
     from app.transport.compact import router as compact_router
     from app.transport.websocket import router as websocket_router
@@ -295,4 +326,7 @@ def install_routes(app: FastAPI) -> None:
     app.include_router(router)
     app.include_router(compact_router)
     app.include_router(websocket_router)
+    route = next(route for route in router.routes
+                 if getattr(route, "path", None) == "/v1/responses" and "POST" in getattr(route, "methods", ()))
+    app.add_middleware(CreateResponseRoute, route=route)  # added first: the innermost
 

@@ -127,6 +127,8 @@ async def create_response(request: Request) -> Response:
     turn.unread()  # and unstored, nobody reads its events
     async with lease:
         response = await _run_while_connected(request, turn, live)
+    if response is None:  # the client left: nobody to answer
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)
     if turn.answer is not None:  # serialized once, for the store and for the client
@@ -262,18 +264,31 @@ def _json(response: ResponseResource) -> Response:
     return Response(response.model_dump_json(), media_type="application/json")
 
 
-async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource:
-    """Run a non-streaming turn in this task, cancelling it if the client disconnects
-    first (one watcher task beside it, which is cancelled once the turn is over)."""
+CLIENT_CLOSED_REQUEST = 499
+"""The status a JSON request is counted and logged with when its client left before the
+answer (nginx's convention); nothing is sent."""
+
+
+async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource | None:
+    """Run a non-streaming turn in this task; ``None`` if the client disconnected first.
+
+    One watcher task beside it reads the connection: on ``http.disconnect`` it cancels
+    this task (a plain ``Task.cancel``, delivered once), so the turn ends as a client
+    leaving ends one (its clean-up, recording the end, runs to its end), and the cancel
+    is taken back (``Task.uncancel``): the request ends normally, not as an error. A
+    cancel from anywhere else goes on up."""
     current = asyncio.current_task()
     assert current is not None
     running = True
+    left = False
 
     async def watch_disconnect() -> None:
+        nonlocal left
         while True:
             message = await request.receive()
             if message["type"] == "http.disconnect":
                 if running:
+                    left = True
                     current.cancel()
                 return
 
@@ -283,6 +298,10 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
             async for _ in batches:
                 pass
         return turn.response
+    except asyncio.CancelledError:
+        if not left or current.uncancel() > 0:
+            raise
+        return None
     finally:
         running = False
         watcher.cancel()

@@ -22,7 +22,6 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-import anyio
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
@@ -61,9 +60,12 @@ class EventStream(StreamingResponse):
       stream (sse-starlette's response ran four tasks, a task group and a cancel scope per
       send; at concurrency 16 in front of a fast upstream that was most of what a stream
       cost beyond a JSON answer).
-    * The client leaving (``http.disconnect``) cancels the body through an anyio cancel
-      scope, so the body's shielded clean-up (recording the end) still runs; the body is
-      closed, and nothing more is sent.
+    * The client leaving (``http.disconnect``) cancels the task that sends the body (a
+      plain ``Task.cancel``, delivered once); the body is closed, its clean-up (recording
+      the end) runs to its end, nothing more is sent, and the response ends normally
+      (the cancel is taken back, ``Task.uncancel``). A cancel from anywhere else (the
+      server's own, at a forced shutdown) goes on up. No anyio cancel scope per stream:
+      entering and leaving two cost about 3% of a fast upstream's stream.
     * Sends never interleave inside a block: a ping goes out between two chunks (one lock),
       never after the end. A :class:`Last` chunk ends the body (nothing after it is read).
     * ``background`` is awaited once the body is over, however it ended.
@@ -74,6 +76,7 @@ class EventStream(StreamingResponse):
         self._lock = asyncio.Lock()
         self._gone = False
         self._complete = False
+        self._streaming = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -84,26 +87,32 @@ class EventStream(StreamingResponse):
                 async with self._lock:
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            with anyio.CancelScope(shield=True):
-                if self.background is not None:
-                    await self.background()
+            if self.background is not None:
+                await self.background()
 
     async def _stream(self, receive: Receive, send: Send) -> None:
-        with anyio.CancelScope() as body_scope:
-            listener = asyncio.create_task(self._listen(receive, send, body_scope))
-            try:
-                async with contextlib.aclosing(self.body_iterator) as body:  # type: ignore[type-var]
-                    async for chunk in body:
-                        last = isinstance(chunk, Last)
-                        async with self._lock:
-                            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-                        if last:
-                            self._complete = True
-                            break
-            finally:
-                listener.cancel()
+        task = asyncio.current_task()
+        assert task is not None
+        listener = asyncio.create_task(self._listen(receive, send, task))
+        try:
+            async with contextlib.aclosing(self.body_iterator) as body:  # type: ignore[type-var]
+                async for chunk in body:
+                    last = isinstance(chunk, Last)
+                    async with self._lock:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                    if last:
+                        self._complete = True
+                        break
+        except asyncio.CancelledError:
+            # the listener's cancel (the client left) ends the body, not the response;
+            # any other goes on
+            if not self._gone or task.uncancel() > 0:
+                raise
+        finally:
+            self._streaming = False
+            listener.cancel()
 
-    async def _listen(self, receive: Receive, send: Send, body_scope: anyio.CancelScope) -> None:
+    async def _listen(self, receive: Receive, send: Send, streaming: asyncio.Task[None]) -> None:
         while True:
             try:
                 async with asyncio.timeout(PING_SECONDS):
@@ -113,8 +122,9 @@ class EventStream(StreamingResponse):
                     await send({"type": "http.response.body", "body": PING_FRAME, "more_body": True})
                 continue
             if message["type"] == "http.disconnect":
-                self._gone = True
-                body_scope.cancel()
+                if self._streaming:
+                    self._gone = True
+                    streaming.cancel()
                 return
 
 

@@ -3,6 +3,7 @@ silence, a client that leaves while nothing is being sent, every block whole."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_a_silent_stream_is_kept_alive_with_pings_between_whole_blocks(
 
 
 def test_a_client_that_leaves_while_nothing_is_sent_stops_generation(
-        served: tuple[LiveServer, ScriptedBackend]) -> None:
+        served: tuple[LiveServer, ScriptedBackend], problems: list[logging.LogRecord]) -> None:
     server, scripted = served
     body = {"model": "scripted-silent", "input": "x", "stream": True}
     parser = SSEParser(require_done=False)
@@ -83,3 +84,4 @@ def test_a_client_that_leaves_while_nothing_is_sent_stops_generation(
         time.sleep(0.02)
     assert stored["status"] == "incomplete"
     assert stored["incomplete_details"] == {"reason": "client_disconnected"}
+    assert [record.getMessage() for record in problems] == []  # a client leaving is not an error

@@ -132,13 +132,13 @@ def json_or_text(text: str) -> Any:
         return text
 
 
-def json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: str | bytes) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except ValueError:
         value = None
     if not isinstance(value, dict):
-        snippet = raw[:200].decode("utf-8", errors="replace")
+        snippet = raw[:200] if isinstance(raw, str) else raw[:200].decode("utf-8", errors="replace")
         raise ModelError(f"The upstream model server sent a malformed chunk: {snippet!r}", code="upstream_error")
     return value
 

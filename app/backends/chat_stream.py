@@ -168,7 +168,7 @@ class ChunkDecoder:
             return []
         if not data:
             return []
-        chunk = json_object(data.encode())
+        chunk = json_object(data)
         if chunk.get("error"):
             raise error_in_stream(chunk["error"])
         return self.feed(chunk)

@@ -119,7 +119,7 @@ class ResponsesEventDecoder:
         self.received = True
         if self.done or data == "[DONE]" or not data.strip():
             return []
-        payload = json_object(data.encode())
+        payload = json_object(data)
         kind = payload.get("type") if isinstance(payload.get("type"), str) else event
         if kind == "error":
             raise stream_error(payload.get("error", payload))

@@ -19,13 +19,17 @@ from app.errors import ModelError
 from app.schemas import Compiled, admitted, json_path
 
 
-async def enforce_output_format(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
+def enforce_output_format(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
+    """``deltas``, checked against a strict ``text.format`` at their end; ``deltas``
+    themselves when there is none to hold (no generator layer that only passes deltas
+    on: each delta of each response would cross it)."""
     fmt = request.output_format
     if fmt.kind != "json_schema" or not fmt.strict or fmt.schema is None:
-        async for delta in deltas:
-            yield delta
-        return
-    compiled = admitted(fmt.schema)
+        return deltas
+    return _enforced(deltas, admitted(fmt.schema))
+
+
+async def _enforced(deltas: AsyncIterator[Delta], compiled: Compiled) -> AsyncIterator[Delta]:
     pieces: list[str] = []
     try:
         async for delta in deltas:

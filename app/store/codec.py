@@ -1,4 +1,11 @@
-"""How a response's events are stored: a JSON array of strings, zlib-compressed.
+"""How a response's events are stored: their JSON texts one per line, zlib-compressed.
+
+An event's JSON (as the server serializes it) never holds a raw line break, so the
+lines are the events as they were sent, with nothing escaped: storing them as a JSON
+array of strings, as before, escaped every quote of every event again (a stored JSON
+answer spent about 25 µs of its 0.13 ms of recording on that). What was stored that
+way still reads: a body that starts with ``[`` is such an array (an event starts with
+``{``), and events that did hold a line break would be stored that way too.
 
 Streams repeat the same keys and ids in every delta event, so they compress tenfold.
 Large payloads are (de)compressed in a worker thread (zlib releases the GIL), so a long
@@ -28,12 +35,20 @@ from the header, so what was stored with the defaults reads as before."""
 
 
 def pack_events_now(events: list[str]) -> bytes:
+    if any("\n" in event for event in events):
+        text = dumps_json(events)  # never made by the server; kept exact all the same
+    else:
+        text = "\n".join(events)
     packer = zlib.compressobj(LEVEL, zlib.DEFLATED, WINDOW_BITS, MEMORY_LEVEL)
-    return packer.compress(dumps_json(events).encode("utf-8")) + packer.flush()
+    # surrogatepass: an event is stored as the text it was, whatever it holds
+    return packer.compress(text.encode("utf-8", "surrogatepass")) + packer.flush()
 
 
 def unpack_events_now(body: bytes) -> list[str]:
-    events = json.loads(zlib.decompress(body).decode("utf-8"))
+    text = zlib.decompress(body).decode("utf-8", "surrogatepass")
+    if not text.startswith("["):
+        return text.split("\n") if text else []
+    events = json.loads(text)
     if not isinstance(events, list):
         raise ValueError("stored events are not a JSON array")
     return events

@@ -1,5 +1,5 @@
-"""How events are packed for the store: compressed, read back exactly, and what was
-stored with zlib's default window still reads."""
+"""How events are packed for the store: one per line, compressed, read back exactly;
+what was stored as a JSON array, or with zlib's default window, still reads."""
 
 from __future__ import annotations
 
@@ -26,6 +26,24 @@ def test_events_read_back_exactly_and_compress() -> None:
     packed = pack_events_now(events)
     assert unpack_events_now(packed) == events
     assert len(packed) * 5 < len(dumps_json(events).encode())
+
+
+def test_events_are_stored_as_they_were_sent_one_per_line() -> None:
+    events = _events(3)
+    assert zlib.decompress(pack_events_now(events)) == "\n".join(events).encode()
+    assert unpack_events_now(pack_events_now([])) == []
+
+
+def test_events_that_hold_a_line_break_or_a_lone_surrogate_read_back_exactly() -> None:
+    odd = [json.dumps({"type": "note"}, indent=1), '{"type":"note","text":"\ud800"}', "{\"raw\":\"\ud800\"}"]
+    assert unpack_events_now(pack_events_now(odd)) == odd
+    assert unpack_events_now(pack_events_now(odd[1:])) == odd[1:]
+
+
+def test_events_stored_as_a_json_array_still_read() -> None:
+    events = _events(10)
+    packer = zlib.compressobj(6, zlib.DEFLATED, 12, 5)
+    assert unpack_events_now(packer.compress(dumps_json(events).encode()) + packer.flush()) == events
 
 
 def test_events_stored_with_the_default_window_still_read() -> None:

@@ -66,6 +66,7 @@ from app.backends.base import (
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
 from app.backends.chat_stream import ChunkDecoder, sse_events
 from app.backends.message_json import MessageJson, dumps
+from app.backends.tool_names import names_back, restored, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
@@ -137,12 +138,13 @@ class ChatCompletionsBackend(HttpUpstream):
         payload = self.payload(request, messages=False)
         body = self._body(payload, request.messages)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
+        back = names_back(request.tools)  # calls come back under their wire names
         for attempt in (1, 2):
             decoder = ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs)
             try:
                 async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
                     async for delta in deltas:
-                        yield delta
+                        yield restored(delta, back) if back else delta
             except ModelError as exc:
                 if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
                     logger.info("retrying a request whose connection to %s broke before any event", url)
@@ -222,7 +224,7 @@ class ChatCompletionsBackend(HttpUpstream):
                     {
                         "id": call.call_id,
                         "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
+                        "function": {"name": wire_name(call.name), "arguments": call.arguments},
                     }
                     for call in message.tool_calls
                 ]
@@ -250,7 +252,7 @@ class ChatCompletionsBackend(HttpUpstream):
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:
     function: dict[str, Any] = {
-        "name": spec.name,
+        "name": wire_name(spec.name),
         "parameters": spec.parameters if spec.parameters is not None else {"type": "object", "properties": {}},
     }
     if spec.description:
@@ -270,7 +272,7 @@ def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = ()) -> str | di
     if policy.mode == "required":
         candidates = policy.allowed if policy.allowed is not None else tuple(tool.name for tool in tools)
         if len(candidates) == 1:
-            return {"type": "function", "function": {"name": candidates[0]}}
+            return {"type": "function", "function": {"name": wire_name(candidates[0])}}
         return "required"
     return None
 

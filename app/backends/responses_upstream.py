@@ -42,6 +42,7 @@ from app.backends.chat_stream import sse_events
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
+from app.backends.tool_names import names_back, restored, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
@@ -97,12 +98,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
         payload = self.payload(request, input=False)
         body = self._input_json.body(payload, "input", request.messages)  # each message's items made once
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
+        back = names_back(request.tools)  # calls come back under their wire names
         for attempt in (1, 2):
             decoder = ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs)
             try:
                 async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
                     async for delta in deltas:
-                        yield delta
+                        yield restored(delta, back) if back else delta
             except ModelError as exc:
                 if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
                     logger.info("retrying a request whose connection to %s broke before any event", url)
@@ -188,7 +190,8 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
                     said["phase"] = message.phase
                 items.append(said)
             items += [
-                {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+                {"type": "function_call", "call_id": call.call_id, "name": wire_name(call.name),
+                 "arguments": call.arguments}
                 for call in message.tool_calls
             ]
     return items
@@ -197,7 +200,7 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
 def _tool(spec: ToolSpec) -> dict[str, Any]:
     tool: dict[str, Any] = {
         "type": "function",
-        "name": spec.name,
+        "name": wire_name(spec.name),
         "parameters": spec.parameters if spec.parameters is not None else {"type": "object", "properties": {}},
     }
     if spec.description:
@@ -215,11 +218,11 @@ def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec]) -> str | dict[st
     if policy.mode == "required":
         candidates = policy.allowed if policy.allowed is not None else tuple(tool.name for tool in tools)
         if len(candidates) == 1:
-            return {"type": "function", "name": candidates[0]}
+            return {"type": "function", "name": wire_name(candidates[0])}
     if policy.allowed is None:
         return "required" if policy.mode == "required" else None
     return {"type": "allowed_tools", "mode": policy.mode,
-            "tools": [{"type": "function", "name": name} for name in policy.allowed]}
+            "tools": [{"type": "function", "name": wire_name(name)} for name in policy.allowed]}
 
 
 def _text(output: OutputFormat) -> dict[str, Any] | None:

@@ -30,6 +30,7 @@ from app.backends.base import (
     Usage,
 )
 from app.backends.responses_upstream import ResponsesUpstreamBackend, input_items
+from app.backends.tool_names import wire_name
 from app.errors import InvalidRequest, ModelError, ModelNotFound, TooManyRequests
 from tests.upstream_server import CUT, DONE, ScriptedUpstream, running_scripted_upstream
 
@@ -332,3 +333,21 @@ def test_the_body_sent_is_the_payload_with_each_messages_items_made_once() -> No
     spliced = backend._input_json.body(backend.payload(longer, input=False), "input", longer.messages)
     assert json.loads(spliced) == backend.payload(longer)
     assert len(backend._input_json) == len(history) + 1  # the past messages' items were reused
+
+
+async def test_a_name_past_64_characters_goes_out_short_and_comes_back_whole(
+        backend: ResponsesUpstreamBackend, upstream: ScriptedUpstream) -> None:
+    long = "mcp__an_issue_tracker_with_a_rather_long_server_name__create_issue_comment_reply"
+    wire = wire_name(long)
+    call = {"type": "function_call", "id": "fc1", "call_id": "call_1", "name": wire, "arguments": "{}"}
+    model = upstream.stream(added(0, call), done(0, call), completed([call]), DONE)
+    replayed = (ChatMessage("user", "hi"), ChatMessage("assistant", "", tool_calls=(ToolCall("call_0", long, "{}"),)),
+                ChatMessage("tool", "ok", tool_call_id="call_0"))
+    request = GenerationRequest(model=model, messages=replayed, tools=(ToolSpec(name=long), SEARCH),
+                                tool_policy=ToolPolicy(mode="required", allowed=(long, "search")))
+    deltas = await collect(backend, request)
+    assert [d.name for d in deltas if isinstance(d, ToolCallDelta) and d.name] == [long]
+    sent = upstream.requests_for(model)[-1].body
+    assert [tool["name"] for tool in sent["tools"]] == [wire, "search"] and len(wire) == 64
+    assert sent["tool_choice"]["tools"] == [{"type": "function", "name": wire}, {"type": "function", "name": "search"}]
+    assert [item["name"] for item in sent["input"] if item["type"] == "function_call"] == [wire]

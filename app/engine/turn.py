@@ -297,8 +297,8 @@ class Turn:
                     batch += last
                     last = [self._emit(event) for event in self._next_events(queue.get_nowait())]
                 if builder.finished:
-                    if batch:  # what came before the end does not wait for its write
-                        yield batch
+                    if batch and self.store is not None:  # what came before the end does
+                        yield batch                       # not wait for its write
                         batch = []
                     # durable before the client sees the end: a client may fetch or
                     # continue the response the moment it reads the terminal event

@@ -273,6 +273,32 @@ async def test_deltas_already_queued_leave_as_one_batch() -> None:
     assert final["output"][0]["content"][0]["text"] == "tok " * MANY
 
 
+@pytest.mark.parametrize("stored", [False, True])
+async def test_the_deltas_that_come_with_the_end_wait_for_it_only_when_nothing_is_written(
+        tmp_path: Path, stored: bool) -> None:
+    """A whole answer at once: unstored, its deltas leave with the end (one send); stored,
+    they leave before the end's durable write, and the end after it."""
+    backend = ScriptedBackend({"burst": text_script("a ", "b ")})
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance") if stored else None
+    if store is not None:
+        await store.open()
+    try:
+        turn = await _turn(backend, "burst", store=store)
+        batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
+    finally:
+        if store is not None:
+            await store.close()
+    assert batches[0] == ["response.created", "response.in_progress"]
+    ends = [index for index, batch in enumerate(batches) if "response.completed" in batch]
+    assert ends == [len(batches) - 1]
+    with_deltas = [index for index, batch in enumerate(batches) if "response.output_text.delta" in batch]
+    if stored:
+        assert with_deltas and max(with_deltas) < ends[0]
+        assert "response.output_text.delta" not in batches[-1]
+    else:
+        assert with_deltas == ends  # the deltas and the end: one batch
+
+
 async def test_a_slow_backend_is_never_waited_for() -> None:
     """Deltas that come one at a time leave one at a time: nothing is held back."""
     backend = ScriptedBackend({"slow": Script(text_script("a ", "b ", "c "), delay=0.05)})

@@ -280,17 +280,20 @@ class Turn:
                 yield batch
                 batch = [self._emit(event) for event in builder.begin()]
                 await self._record_status()
-            yield batch
             self._start_pump()
             queue = self._queue
             assert queue is not None
+            if queue.empty() or self._control is not None:
+                yield batch
+                batch = []
+            # else the model's output came while the start was recorded: it joins the
+            # start's batch (one send), as any output already queued joins a batch
             while not builder.finished:
                 got = self._control
                 if got is None:
                     got = await queue.get()
                     # a signal that came while waiting wins over whatever was queued
                     got = self._control or got
-                batch: list[Emitted] = []
                 last = [self._emit(event) for event in self._next_events(got)]
                 # what else is already queued joins this batch (never waited for)
                 while not builder.finished and not queue.empty() and self._control is None:
@@ -306,6 +309,7 @@ class Turn:
                 batch += last
                 if batch:
                     yield batch
+                batch = []
         except BaseException as exc:
             if not self.emitted and self.start_error is None:
                 self.start_error = exc

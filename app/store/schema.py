@@ -7,8 +7,9 @@
 * ``items``: a response's own items, ``role`` ``input`` then ``output``, each numbered
   from 0 by ``position``. Written once (inputs by ``begin``, outputs by ``finish``),
   removed when no visible response needs them any more.
-* ``events``: the serialized events of a finished response, one row written once: a JSON
-  array of strings, zlib-compressed.
+* ``events``: the serialized events of a finished response, one row written once: their
+  JSON texts one per line, zlib-compressed (:mod:`app.store.codec`; rows written as a
+  JSON array of strings, as before, still read).
 
 JSON is stored as text, byte for byte what :func:`dumps_json` wrote, so a document comes
 back exactly as it went in (key order and number spelling included) on both engines.

@@ -14,6 +14,7 @@ JSON is the one the client needs to see.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -58,17 +59,19 @@ def parse_body(model: type[Model], data: Any) -> Model:
     """Validate ``data`` into ``model``; unknown top-level fields are logged and ignored."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
-    unknown = sorted(set(data) - set(model.model_fields) - _aliases(model))
+    unknown = data.keys() - _known_fields(model)
     if unknown:
-        log.info("ignoring unknown top-level fields: %s", ", ".join(unknown))
+        log.info("ignoring unknown top-level fields: %s", ", ".join(sorted(unknown)))
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise to_invalid_request(exc, data, model) from None
 
 
-def _aliases(model: type[BaseModel]) -> set[str]:
-    return {f.alias for f in model.model_fields.values() if f.alias}
+@functools.cache
+def _known_fields(model: type[BaseModel]) -> frozenset[str]:
+    """A model's field names and aliases (made once per model)."""
+    return frozenset(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
 
 
 def to_invalid_request(exc: ValidationError, data: Any, model: type[BaseModel] | None = None) -> InvalidRequest:

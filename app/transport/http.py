@@ -269,18 +269,27 @@ CLIENT_CLOSED_REQUEST = 499
 answer (nginx's convention); nothing is sent."""
 
 
+WATCH_AFTER_SECONDS = 0.05
+"""How long a JSON request runs before a task starts watching its connection. Most
+answers in front of a fast upstream take a millisecond or two: for those no watcher
+task is made, started, cancelled and awaited (a few percent of such a request). A client
+that leaves sooner is noticed this much later at most."""
+
+
 async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource | None:
     """Run a non-streaming turn in this task; ``None`` if the client disconnected first.
 
-    One watcher task beside it reads the connection: on ``http.disconnect`` it cancels
-    this task (a plain ``Task.cancel``, delivered once), so the turn ends as a client
-    leaving ends one (its clean-up, recording the end, runs to its end), and the cancel
-    is taken back (``Task.uncancel``): the request ends normally, not as an error. A
-    cancel from anywhere else goes on up."""
+    A watcher task beside it (started once the turn has run :data:`WATCH_AFTER_SECONDS`)
+    reads the connection: on ``http.disconnect`` it cancels this task (a plain
+    ``Task.cancel``, delivered once), so the turn ends as a client leaving ends one (its
+    clean-up, recording the end, runs to its end), and the cancel is taken back
+    (``Task.uncancel``): the request ends normally, not as an error. A cancel from
+    anywhere else goes on up."""
     current = asyncio.current_task()
     assert current is not None
     running = True
     left = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch_disconnect() -> None:
         nonlocal left
@@ -292,7 +301,12 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
                     current.cancel()
                 return
 
-    watcher = asyncio.create_task(watch_disconnect())
+    def start_watching() -> None:
+        nonlocal watcher
+        if running:
+            watcher = asyncio.create_task(watch_disconnect())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_SECONDS, start_watching)
     try:
         async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
             async for _ in batches:
@@ -304,9 +318,11 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
         return None
     finally:
         running = False
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
 
 class CreateResponseRoute:

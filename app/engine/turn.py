@@ -274,6 +274,12 @@ class Turn:
             self.metrics.responses_in_progress.inc()
         try:
             await self.open()
+            if self._queue is None and builder.status != "queued":
+                # The model's request leaves before the start is made and sent (one turn
+                # of the loop lets the pump send it); a stored stream's pump is running
+                # already (:meth:`open`).
+                self._start_pump()
+                await asyncio.sleep(0)
             began = True
             batch = [self._emit(event) for event in builder.start()]
             if builder.status == "queued":

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from app.backends.base import Delta, GenerationRequest
 from app.backends.scripted import Script, ScriptedBackend, text_script
 from app.engine.engine import Engine
 from app.engine.history import History, HistorySource, NoHistory
@@ -260,12 +261,12 @@ async def test_an_opened_turn_never_driven_is_discarded_as_its_client_leaving(tm
 
 async def test_deltas_already_queued_leave_as_one_batch() -> None:
     """A burst (the scripted backend yields its deltas without waiting) becomes a few
-    batches, not one per delta; every batch is non-empty, the start is its own batch,
-    and the events flattened are one valid stream."""
+    batches, not one per delta; every batch is non-empty, the start comes first, and the
+    events flattened are one valid stream."""
     turn = await _turn(_backend())
     batches = [batch async for batch in turn.batches()]
     assert all(batches)
-    assert [emitted.type for emitted in batches[0]] == ["response.created", "response.in_progress"]
+    assert [emitted.type for emitted in batches[0]][:2] == ["response.created", "response.in_progress"]
     deltas = sum(emitted.type == "response.output_text.delta" for batch in batches for emitted in batch)
     assert deltas == MANY
     assert len(batches) < MANY // 10
@@ -273,32 +274,47 @@ async def test_deltas_already_queued_leave_as_one_batch() -> None:
     assert final["output"][0]["content"][0]["text"] == "tok " * MANY
 
 
-@pytest.mark.parametrize("stored", [False, True])
-async def test_the_deltas_that_come_with_the_end_wait_for_it_only_when_nothing_is_written(
-        tmp_path: Path, stored: bool) -> None:
-    """A whole answer at once: unstored, its deltas leave with the end (one send); stored,
-    they leave before the end's durable write (with the start, which was recorded while
-    the model answered), and the end after it."""
-    backend = ScriptedBackend({"burst": text_script("a ", "b ")})
+async def _think(request: GenerationRequest) -> list[Delta]:
+    """A scripted model (named as such) that thinks 20 ms, then answers at once."""
+    await asyncio.sleep(0.02)
+    return text_script("a ", "b ")
+
+
+async def _batches(model: Script | list[Delta], tmp_path: Path, stored: bool) -> list[list[str]]:
+    backend = ScriptedBackend({"m": model})
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance") if stored else None
     if store is not None:
         await store.open()
     try:
-        turn = await _turn(backend, "burst", store=store)
-        batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
+        turn = await _turn(backend, "m", store=store)
+        return [[emitted.type for emitted in batch] async for batch in turn.batches()]
     finally:
         if store is not None:
             await store.close()
+
+
+@pytest.mark.parametrize("stored", [False, True])
+async def test_the_start_leaves_first_with_what_the_model_already_made(tmp_path: Path, stored: bool) -> None:
+    """The model's request leaves before the start is made (a stored stream's while the
+    start is recorded): what it made by then joins the start's batch, one send."""
+    batches = await _batches(text_script("a ", "b "), tmp_path, stored)
     assert batches[0][:2] == ["response.created", "response.in_progress"]
-    ends = [index for index, batch in enumerate(batches) if "response.completed" in batch]
-    assert ends == [len(batches) - 1]
+    assert "response.output_text.delta" in batches[0]
+
+
+@pytest.mark.parametrize("stored", [False, True])
+async def test_the_deltas_that_come_with_the_end_wait_for_it_only_when_nothing_is_written(
+        tmp_path: Path, stored: bool) -> None:
+    """A model that answers at once after a pause: unstored, its deltas leave with the
+    end (one send); stored, they leave before the end's durable write, the end after it."""
+    batches = await _batches(Script(_think), tmp_path, stored)
+    assert batches[0] == ["response.created", "response.in_progress"]
     with_deltas = [index for index, batch in enumerate(batches) if "response.output_text.delta" in batch]
+    ends = [index for index, batch in enumerate(batches) if "response.completed" in batch]
     if stored:
-        assert with_deltas == [0]  # with the start
-        assert len(batches) == 2  # the end (what the finish made), after the durable write
+        assert (with_deltas, ends) == ([1], [2])
     else:
-        assert batches[0] == ["response.created", "response.in_progress"]
-        assert with_deltas == ends  # the deltas and the end: one batch
+        assert (with_deltas, ends) == ([1], [1])
 
 
 async def test_a_slow_backend_is_never_waited_for() -> None:

@@ -22,6 +22,8 @@ READ`` so that they see one snapshot; every statement gets a custom plan (see
 
 from __future__ import annotations
 
+import sqlite3
+
 from pathlib import Path
 from typing import Any
 
@@ -124,5 +126,10 @@ def configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def begin_sqlite(connection: Connection) -> None:
-    immediate = connection.get_execution_options().get(WRITE_OPTION, False)
-    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    statement = "BEGIN IMMEDIATE" if connection.get_execution_options().get(WRITE_OPTION, False) else "BEGIN"
+    driver = connection.connection.driver_connection
+    if isinstance(driver, sqlite3.Connection):
+        # the store's own threads: on the driver itself, as app.store.direct does
+        driver.execute(statement)
+    else:
+        connection.exec_driver_sql(statement)

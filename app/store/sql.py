@@ -38,7 +38,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
 from sqlalchemy.exc import IntegrityError
@@ -67,6 +67,7 @@ from app.store.cancels import (
     encode_notice,
 )
 from app.store.codec import pack_events, unpack_events
+from app.store.direct import Direct
 from app.store.group_commit import GroupCommit, ThreadGroupCommit, Writes
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
@@ -240,7 +241,7 @@ class SqlResponseStore(ResponseStore):
 
         def work(connection: Connection) -> bool:
             begin(connection)
-            connection.execute(_INSERT_EVENTS, {"response_id": response.id, "body": body})
+            _INSERT_EVENTS.execute(connection, {"response_id": response.id, "body": body})
             return True
 
         return await self._write(work)
@@ -278,11 +279,11 @@ class SqlResponseStore(ResponseStore):
                         f"Previous response with id '{previous}' not found.", param="previous_response_id"
                     )
             try:
-                connection.execute(_INSERT_RESPONSE, row)
+                _INSERT_RESPONSE.execute(connection, row)
             except IntegrityError as error:
                 raise StoreConflict(f"Response '{response.id}' already exists.") from error
             if input_rows:
-                connection.execute(_INSERT_ITEM, input_rows)
+                _INSERT_ITEM.execute(connection, input_rows)
 
         return work
 
@@ -508,11 +509,11 @@ class SqlResponseStore(ResponseStore):
 
 # -- statements ------------------------------------------------------------------------
 
-_INSERT_RESPONSE = insert(responses)
-_INSERT_ITEM = insert(items)
-_INSERT_EVENTS = insert(event_rows)
-"""Built once: SQLAlchemy compiles each once and reuses the compiled form (the other
-statements of the hot path follow ``_STORED_COLUMNS``, below)."""
+_INSERT_RESPONSE = Direct(insert(responses))
+_INSERT_ITEM = Direct(insert(items))
+_INSERT_EVENTS = Direct(insert(event_rows))
+"""Built once, and run on SQLite by the driver itself (:mod:`app.store.direct`), as are
+``_LOCK`` and ``_FINISH`` below."""
 
 
 def _status(resource: Document) -> Any:
@@ -534,10 +535,10 @@ def _finish_work(
         if current.finished_at is not None:
             raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
         if output_rows:
-            connection.execute(_INSERT_ITEM, output_rows)
-        connection.execute(_INSERT_EVENTS, {"response_id": response_id, "body": body})
+            _INSERT_ITEM.execute(connection, output_rows)
+        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body})
         now = _now_ms()
-        connection.execute(_FINISH, {"b_id": response_id, "status": status, "resource": resource, "updated_at": now,
+        _FINISH.execute(connection, {"b_id": response_id, "status": status, "resource": resource, "updated_at": now,
                                      "finished_at": now})
         return True
 
@@ -561,8 +562,10 @@ _BY_ID = (responses.c.id == bindparam("b_id")) & (responses.c.tenant == bindpara
 _GET = select(*_STORED_COLUMNS).where(_BY_ID & responses.c.deleted_at.is_(None))
 _EVENTS = (select(event_rows.c.body).join(responses, responses.c.id == event_rows.c.response_id)
            .where(_BY_ID & responses.c.deleted_at.is_(None)))
-_LOCK = select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(_BY_ID).with_for_update()
-_FINISH = update(responses).where(responses.c.id == bindparam("b_id"))
+_LOCK = Direct(
+    select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(_BY_ID).with_for_update()
+)
+_FINISH = Direct(update(responses).where(responses.c.id == bindparam("b_id")))
 """The statements of the hot path, built once: SQLAlchemy compiles each once and reuses
 the compiled form, where one built per call pays for its construction and cache key."""
 
@@ -650,11 +653,17 @@ def _ancestry(
     return (connection.execute(select(ancestry).order_by(ancestry.c.depth))).all()
 
 
-def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> Row[Any]:
-    row = connection.execute(_LOCK, {"b_tenant": tenant, "b_id": response_id}).first()
+class _Locked(NamedTuple):
+    status: str
+    finished_at: int | None
+    deleted_at: int | None
+
+
+def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> _Locked:
+    row = _LOCK.first(connection, {"b_tenant": tenant, "b_id": response_id})
     if row is None:
         raise StoreConflict(f"Response '{response_id}' was never begun.")
-    return row
+    return _Locked(*row)
 
 
 def _unneeded_after_delete(connection: Connection, tenant: str, response_id: str) -> list[str]:

@@ -181,10 +181,12 @@ class ResponseBuilder:
     def finished(self) -> bool:
         return self._response.status not in ("queued", "in_progress")
 
-    def _number(self, event: StreamEvent) -> StreamEvent:
-        event.sequence_number = self._sequence
+    def _next(self) -> int:
+        """The next event's sequence number, given as the event is made (setting it on
+        a made event cost one more pydantic ``__setattr__`` per event)."""
+        number = self._sequence
         self._sequence += 1
-        return event
+        return number
 
     def _move(self, status: str, **changes: object) -> None:
         allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
@@ -200,18 +202,18 @@ class ResponseBuilder:
         if self._started:
             raise IllegalTransition("response already started")
         self._started = True
-        events = [self._number(ResponseCreated(sequence_number=0, response=self._response))]
+        events = [ResponseCreated(sequence_number=self._next(), response=self._response)]
         if self._response.status == "queued":
-            events.append(self._number(ResponseQueued(sequence_number=0, response=self._response)))
+            events.append(ResponseQueued(sequence_number=self._next(), response=self._response))
         else:
-            events.append(self._number(ResponseInProgress(sequence_number=0, response=self._response)))
+            events.append(ResponseInProgress(sequence_number=self._next(), response=self._response))
         return events
 
     def begin(self) -> list[StreamEvent]:
         """A queued response starts running: ``response.in_progress``."""
         self._require_running(queued_ok=True)
         self._move("in_progress")
-        return [self._number(ResponseInProgress(sequence_number=0, response=self._response))]
+        return [ResponseInProgress(sequence_number=self._next(), response=self._response)]
 
     def _require_running(self, *, queued_ok: bool = False) -> None:
         if not self._started:
@@ -272,15 +274,13 @@ class ResponseBuilder:
         if text:
             item.chunks.append(text)
             events.append(
-                self._number(
-                    delta_event(
-                        sequence_number=0,
-                        item_id=item.item_id,
-                        output_index=item.output_index,
-                        content_index=0,
-                        delta=text,
-                        **extra,
-                    )
+                delta_event(
+                    sequence_number=self._next(),
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    content_index=0,
+                    delta=text,
+                    **extra,
                 )
             )
         return events
@@ -303,13 +303,11 @@ class ResponseBuilder:
             if item.custom:
                 return events
             events.append(
-                self._number(
-                    FunctionCallArgumentsDelta(
-                        sequence_number=0,
-                        item_id=item.item_id,
-                        output_index=item.output_index,
-                        delta=delta.arguments,
-                    )
+                FunctionCallArgumentsDelta(
+                    sequence_number=self._next(),
+                    item_id=item.item_id,
+                    output_index=item.output_index,
+                    delta=delta.arguments,
                 )
             )
         return events
@@ -323,21 +321,17 @@ class ResponseBuilder:
         item = _OpenItem("message", self._next_index(), ids.message_id())
         self._open = item
         return [
-            self._number(
-                OutputItemAdded(
-                    sequence_number=0,
-                    output_index=item.output_index,
-                    item=Message(id=item.item_id, status="in_progress", role="assistant", content=[]),
-                )
+            OutputItemAdded(
+                sequence_number=self._next(),
+                output_index=item.output_index,
+                item=Message(id=item.item_id, status="in_progress", role="assistant", content=[]),
             ),
-            self._number(
-                ContentPartAdded(
-                    sequence_number=0,
-                    item_id=item.item_id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    part=OutputText(text="", logprobs=[] if self._logprobs else None),
-                )
+            ContentPartAdded(
+                sequence_number=self._next(),
+                item_id=item.item_id,
+                output_index=item.output_index,
+                content_index=0,
+                part=OutputText(text="", logprobs=[] if self._logprobs else None),
             ),
         ]
 
@@ -356,8 +350,8 @@ class ResponseBuilder:
         )
         self._open = item
         return [
-            self._number(
-                OutputItemAdded(sequence_number=0, output_index=item.output_index, item=_call_item(item, "", "in_progress"))
+            OutputItemAdded(
+                sequence_number=self._next(), output_index=item.output_index, item=_call_item(item, "", "in_progress")
             )
         ]
 
@@ -365,21 +359,17 @@ class ResponseBuilder:
         item = _OpenItem("reasoning", self._next_index(), ids.reasoning_id())
         self._open = item
         return [
-            self._number(
-                OutputItemAdded(
-                    sequence_number=0,
-                    output_index=item.output_index,
-                    item=Reasoning(id=item.item_id, summary=[], status="in_progress"),
-                )
+            OutputItemAdded(
+                sequence_number=self._next(),
+                output_index=item.output_index,
+                item=Reasoning(id=item.item_id, summary=[], status="in_progress"),
             ),
-            self._number(
-                ContentPartAdded(
-                    sequence_number=0,
-                    item_id=item.item_id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    part=ReasoningText(text=""),
-                )
+            ContentPartAdded(
+                sequence_number=self._next(),
+                item_id=item.item_id,
+                output_index=item.output_index,
+                content_index=0,
+                part=ReasoningText(text=""),
             ),
         ]
 
@@ -404,9 +394,9 @@ class ResponseBuilder:
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
-            self._number(OutputTextDone(sequence_number=0, text=text, logprobs=part.logprobs, **common)),  # type: ignore[arg-type]
-            self._number(ContentPartDone(sequence_number=0, part=part, **common)),  # type: ignore[arg-type]
-            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+            OutputTextDone(sequence_number=self._next(), text=text, logprobs=part.logprobs, **common),  # type: ignore[arg-type]
+            ContentPartDone(sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
+            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
     def _output_text(self, item: _OpenItem, text: str) -> OutputText:
@@ -417,14 +407,12 @@ class ResponseBuilder:
         final = _call_item(item, arguments, status)
         self._output.append(final)
         if item.custom:
-            return [self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final))]
+            return [OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final)]
         return [
-            self._number(
-                FunctionCallArgumentsDone(
-                    sequence_number=0, item_id=item.item_id, output_index=item.output_index, arguments=arguments
-                )
+            FunctionCallArgumentsDone(
+                sequence_number=self._next(), item_id=item.item_id, output_index=item.output_index, arguments=arguments
             ),
-            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
     def _close_reasoning(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
@@ -440,9 +428,9 @@ class ResponseBuilder:
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
-            self._number(ReasoningDone(sequence_number=0, text=text, **common)),  # type: ignore[arg-type]
-            self._number(ContentPartDone(sequence_number=0, part=part, **common)),  # type: ignore[arg-type]
-            self._number(OutputItemDone(sequence_number=0, output_index=item.output_index, item=final)),
+            ReasoningDone(sequence_number=self._next(), text=text, **common),  # type: ignore[arg-type]
+            ContentPartDone(sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
+            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
     # ------------------------------------------------------------ terminal events
@@ -461,7 +449,7 @@ class ResponseBuilder:
             events += self._open_message()
         events += self._close_open("completed")
         self._move("completed", output=list(self._output), usage=_usage(usage), completed_at=int(self._clock()))
-        events.append(self._number(ResponseCompleted(sequence_number=0, response=self._response)))
+        events.append(ResponseCompleted(sequence_number=self._next(), response=self._response))
         return events
 
     def stop(self, reason: str, usage: BackendUsage | None = None, *, status: str = "incomplete") -> list[StreamEvent]:
@@ -478,7 +466,7 @@ class ResponseBuilder:
             # a cancelled response is not "incomplete": its details stay null, as OpenAI's do
             incomplete_details=IncompleteDetails(reason=reason) if status == "incomplete" else None,
         )
-        events.append(self._number(ResponseIncomplete(sequence_number=0, response=self._response)))
+        events.append(ResponseIncomplete(sequence_number=self._next(), response=self._response))
         return events
 
     def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
@@ -492,16 +480,14 @@ class ResponseBuilder:
         events: list[StreamEvent] = []
         partial = self._abandon_open()
         if self._error_events:
-            events.append(
-                self._number(ErrorEvent(sequence_number=0, error=ErrorPayload(**error.payload())))
-            )
+            events.append(ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload())))
         self._move(
             "failed",
             output=[*self._output, *partial],
             usage=_usage(usage),
             error=ResponseError(**error.response_error()),
         )
-        events.append(self._number(ResponseFailed(sequence_number=0, response=self._response)))
+        events.append(ResponseFailed(sequence_number=self._next(), response=self._response))
         return events
 
     def _abandon_open(self) -> list[OutputItem]:

@@ -54,7 +54,7 @@ class MetricsMiddleware:
             current_request.reset(token)
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.http_requests.labels(template, scope["method"], str(status), labels.model).inc()
+            self.metrics.http_request(template, scope["method"], status, labels.model)
             log_access(scope, status, time.perf_counter() - started)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:

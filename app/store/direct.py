@@ -1,11 +1,11 @@
-"""The write path's statements, run on SQLite by the driver itself.
+"""The write path's statements, run by the database driver itself.
 
 A :class:`Direct` wraps one SQLAlchemy Core statement of :mod:`app.store.sql`, written
-once for both engines. On PostgreSQL it runs through SQLAlchemy like any other. On
-SQLite it is compiled once (per set of parameter names) into its SQL text, its
-parameters' order and their types' bind processors, and then run on the driver's own
-connection, inside the transaction SQLAlchemy began (the writer thread's ``BEGIN
-IMMEDIATE``, committed by SQLAlchemy as before).
+once for both engines. It is compiled once per dialect and set of parameter names into
+its SQL text, its parameters' order and their types' bind processors, and then run on a
+cursor of the connection's DBAPI connection (the stdlib ``sqlite3`` one; SQLAlchemy's
+adaptation of asyncpg, inside the greenlet of ``run_sync``), in the transaction
+SQLAlchemy began and commits as before.
 
 Why: a stored response's record is three to five statements, and SQLAlchemy's execution
 path (an execution context, events, parameter processing, a result object) around each
@@ -13,7 +13,9 @@ cost about four times what SQLite itself spent. On a 2-core machine, one respons
 recorded whole (its row, two items, its events; SQLite on tmpfs so the disk is out of
 it): 172 µs of the writer thread's CPU through SQLAlchemy against 36 µs for the same
 statements on the driver. That thread shares the GIL and the two cores with the event
-loop, so every microsecond of it is taken from requests.
+loop, so every microsecond of it is taken from requests. On PostgreSQL the statements
+run on the event loop itself (in ``run_sync``'s greenlet), where SQLAlchemy's part is
+taken from requests directly.
 
 The contract kept: the SQL is SQLAlchemy's own compilation of the statement, the
 values go through each column type's own bind processor (JSON columns keep their text
@@ -24,7 +26,6 @@ statement events (``before_cursor_execute``) do not see these statements.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,44 +55,48 @@ class Direct:
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
-        self._compiled: dict[tuple[str, ...], _Compiled] = {}
+        self._compiled: dict[tuple[str, tuple[str, ...]], _Compiled] = {}
 
     def execute(self, connection: Connection, params: Params | Sequence[Params]) -> int:
-        """Run with one set of parameters or several (one row each); the rows matched
-        (an UPDATE) or written."""
+        """Run with one set of parameters or several (one row each); the rows an UPDATE
+        matched or a single INSERT wrote (several rows: the driver may not count)."""
         many = not isinstance(params, Mapping)
         rows: Sequence[Params] = params if many else [params]  # type: ignore[assignment,list-item]
         if not rows:
             return 0
-        if connection.dialect.name != "sqlite":
-            return connection.execute(self.statement, params).rowcount  # type: ignore[arg-type]
         compiled = self._compile(connection.dialect, tuple(rows[0]))
-        driver = connection.connection.driver_connection
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             if many:
-                cursor = driver.executemany(compiled.sql, [compiled.values(row) for row in rows])  # type: ignore[union-attr]
+                cursor.executemany(compiled.sql, [compiled.values(row) for row in rows])
             else:
-                cursor = driver.execute(compiled.sql, compiled.values(rows[0]))  # type: ignore[union-attr]
-        except sqlite3.IntegrityError as error:
+                cursor.execute(compiled.sql, compiled.values(rows[0]))
+        except connection.dialect.loaded_dbapi.IntegrityError as error:
             raise IntegrityError(compiled.sql, None, error) from error
-        return cursor.rowcount  # type: ignore[no-any-return]
+        finally:
+            count = cursor.rowcount
+            cursor.close()
+        return count  # type: ignore[no-any-return]
 
     def first(self, connection: Connection, params: Params) -> tuple[Any, ...] | None:
         """The first row of a query, as a tuple (its columns must need no result
-        processing on SQLite: text and numbers)."""
-        if connection.dialect.name != "sqlite":
-            row = connection.execute(self.statement, params).first()
-            return None if row is None else tuple(row)
+        processing: text and numbers)."""
         compiled = self._compile(connection.dialect, tuple(params))
-        cursor = connection.connection.driver_connection.execute(compiled.sql, compiled.values(params))  # type: ignore[union-attr]
-        return cursor.fetchone()  # type: ignore[no-any-return]
+        cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.execute(compiled.sql, compiled.values(params))
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+        return None if row is None else tuple(row)
 
     def _compile(self, dialect: Dialect, names: tuple[str, ...]) -> _Compiled:
-        compiled = self._compiled.get(names)
+        key = (dialect.name, names)
+        compiled = self._compiled.get(key)
         if compiled is None:
             sql = self.statement.compile(dialect=dialect, column_keys=list(names))  # type: ignore[attr-defined]
             order = tuple(sql.positiontup or ())
-            compiled = self._compiled[names] = _Compiled(
+            compiled = self._compiled[key] = _Compiled(
                 sql.string, order, tuple(sql.binds[name].type.bind_processor(dialect) for name in order)
             )
         return compiled

@@ -23,6 +23,7 @@ models otherwise tend to repeat the call).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -146,6 +147,9 @@ def output_grammar(output_format: OutputFormat) -> str | None:
         return None
     if output_format.kind == "json_object" or output_format.schema is None:
         return JSON_GBNF
+    too_many = RepeatBudget().spend(output_format.schema)
+    if too_many is not None:
+        raise unsupported_schema(too_many)
     try:
         return strict_json_strings(json_schema_to_gbnf(json.dumps(output_format.schema)))
     except Exception as exc:  # the converter raises assorted errors (assertions included)
@@ -161,6 +165,64 @@ def strict_json_strings(grammar: str) -> str:
     by ``JSON_CHAR_RULE``: the converter's own lets raw control characters (a newline)
     into strings, and the output would not parse as JSON."""
     return "\n".join(JSON_CHAR_RULE if line.startswith("char ::= ") else line for line in grammar.splitlines())
+
+
+MAX_GRAMMAR_REPEAT = 1_000
+"""The largest count a grammar enforces: a string's ``minLength``/``maxLength``, an
+array's ``minItems``/``maxItems``, a ``{m,n}`` repetition in a ``pattern``.
+llama-cpp-python's converter spells ``maxLength: n`` as ``n`` nested optional groups:
+llama.cpp's grammar parser accepts 1,000 levels, refuses 1,500 to 10,000, and at about
+20,000 overflows its stack, which kills the process (measured: ``maxLength`` 1,000, 3,000
+and 30,000 against SmolLM2's vocabulary). A count of 10**9 would first build a grammar of
+gigabytes. So counts are checked before a schema is converted."""
+
+MAX_GRAMMAR_REPEATS = 100_000
+"""All the counts of one grammar together (every tool of it): its size grows with their
+sum, about 8 bytes per counted character or item."""
+
+_COUNTS = frozenset({"minLength", "maxLength", "minItems", "maxItems"})
+_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+
+
+class RepeatBudget:
+    """What the grammars of one request may repeat (see :data:`MAX_GRAMMAR_REPEAT`)."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+
+    def spend(self, schema: Any) -> str | None:
+        """Count ``schema``'s repetitions; why it asks for more than a grammar can hold,
+        or ``None``."""
+        stack = [schema]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+                continue
+            if not isinstance(node, dict):
+                continue
+            for key, value in node.items():
+                if key in _COUNTS and isinstance(value, int) and not isinstance(value, bool):
+                    counts = [value]
+                elif key == "pattern" and isinstance(value, str):
+                    counts = [_count(digits) for match in _QUANTIFIER.finditer(value) for digits in match.groups()
+                              if digits]
+                else:
+                    stack.append(value)
+                    continue
+                for count in counts:
+                    if count > MAX_GRAMMAR_REPEAT:
+                        return (f"{key} asks for {'more than 1,000,000' if count > 1_000_000 else f'{count:,}'} "
+                                f"repetitions; a grammar enforces at most {MAX_GRAMMAR_REPEAT:,}")
+                    self.spent += count
+        if self.spent > MAX_GRAMMAR_REPEATS:
+            return (f"its lengths, item counts and pattern repetitions add up to {self.spent:,}; "
+                    f"a grammar enforces at most {MAX_GRAMMAR_REPEATS:,} in all")
+        return None
+
+
+def _count(digits: str) -> int:
+    return int(digits) if len(digits) <= 7 else 10**7  # never parse an endless number
 
 
 def unsupported_schema(reason: str) -> InvalidRequest:

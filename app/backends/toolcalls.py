@@ -70,7 +70,7 @@ from typing import Any
 
 from app.backends.base import Delta, GenerationRequest, TextDelta, ToolCallDelta, ToolPolicy, ToolSpec
 from app.backends.model_files import ModelSpec
-from app.backends.prompting import strict_json_strings
+from app.backends.prompting import RepeatBudget, strict_json_strings
 from app.errors import InvalidRequest
 
 log = logging.getLogger("ors.tools")
@@ -433,6 +433,7 @@ class _Converter:
 
     def __init__(self) -> None:
         self._converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._repeats = RepeatBudget()  # one for every tool of the grammar
 
     def arguments_rule(self, tool: ToolSpec, index: int) -> str:
         """The name of the rule for ``tool``'s arguments object."""
@@ -442,6 +443,9 @@ class _Converter:
         try:
             if not isinstance(schema, dict) or schema.get("type", "object") != "object":
                 raise ValueError("the parameters must be a JSON schema of type 'object'")
+            too_many = self._repeats.spend(schema)
+            if too_many is not None:
+                raise ValueError(too_many)
             resolved = converter.resolve_refs(schema, f"tool{index}")
             return str(converter.visit(resolved, f"tool{index}"))
         except Exception as exc:  # the converter raises assorted errors (assertions included)

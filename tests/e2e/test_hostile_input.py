@@ -21,6 +21,7 @@ from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, D
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES
 from compliance import validate_ws_error
 from tests.client import Client
+from tests.conftest import SMOL
 from tests.live import LiveServer
 
 EVIL_PATTERN = "^(a+)+$"
@@ -183,6 +184,54 @@ def test_lookaround_pattern_is_refused_with_a_reason(client: Client) -> None:
                           "text": {"format": {"type": "json_schema", "name": "out", "schema": schema}}}, 400)
     assert (error["code"], error["param"]) == ("invalid_json_schema", "text.format.schema")
     assert "linear time" in error["message"]
+
+
+# ------------------------------------ counts no grammar can hold (the embedded engine)
+
+HUGE_COUNTS = [
+    {"type": "string", "maxLength": 1_000_000_000},  # a grammar of gigabytes, before
+    {"type": "string", "maxLength": 30_000},  # llama.cpp's parser overflowed its stack, before
+    {"type": "string", "pattern": "^a{0,100000}$"},  # refused by RE2 at admission already
+    {"type": "array", "items": {"type": "string"}, "minItems": 5_000},
+]
+
+
+@pytest.mark.parametrize("count", HUGE_COUNTS, ids=["maxLength-1e9", "maxLength-3e4", "pattern", "minItems"])
+def test_a_forced_call_whose_schema_counts_too_far_is_a_400_and_the_server_lives(
+    client: Client, count: dict[str, Any]
+) -> None:
+    schema = {"type": "object", "properties": {"a": count}}
+    body = {"model": SMOL, "input": "x", "tools": [_tool(), _tool("counted", schema)], "tool_choice": "required"}
+    error = client.error(body, 400)
+    assert error["param"] == "tools[1].parameters"
+    assert "at most 1,000" in error["message"] or "repetition size" in error["message"]
+    assert client.create(model=SMOL, input="Say hi.", max_output_tokens=16)["status"] in ("completed", "incomplete")
+
+
+def test_a_strict_format_that_counts_too_far_is_a_400(client: Client) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 50_000}}}
+    error = client.error({"model": SMOL, "input": "x",
+                          "text": {"format": {"type": "json_schema", "name": "out", "schema": schema}}}, 400)
+    assert error["param"] == "text.format.schema"
+    assert "maxLength asks for 50,000 repetitions" in error["message"]
+
+
+def test_counts_add_up_across_the_tools_of_one_grammar(client: Client) -> None:
+    within = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 1_000} for i in range(40)}}
+    tools = [_tool(f"t{n}", within) for n in range(3)]  # 40,000 each: the third passes 100,000
+    error = client.error({"model": SMOL, "input": "x", "tools": tools, "tool_choice": "required"}, 400)
+    assert error["param"] == "tools[2].parameters"
+    assert "add up to 120,000" in error["message"]
+
+
+def test_counts_within_the_limit_still_make_a_grammar(client: Client) -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string", "maxLength": 12, "pattern": "^[A-Z]{3}$"}},
+              "required": ["code"]}
+    response = client.create(model=SMOL, input="Give a code.", tools=[_tool("lookup", schema)],
+                             tool_choice="required", max_output_tokens=64)
+    calls = [item for item in response["output"] if item["type"] == "function_call"]
+    assert calls and calls[0]["name"] == "lookup"
+    assert len(json.loads(calls[0]["arguments"])["code"]) == 3
 
 
 @pytest.mark.parametrize("value", [5, {"a": 1}, True, 1.5])

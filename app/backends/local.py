@@ -164,6 +164,7 @@ class Vocabulary:
             template, bos_token=self._special_text(self.llm.token_bos()), eos_token=self._special_text(self.llm.token_eos())
         )
         self.call_shape = call_shape(spec.template_renders_tools, self._tag_tokens())
+        self._control_texts = self._control_token_texts()
 
     def prompt(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> str:
         """The prompt text: the conversation and all ``tools``, whatever the tool policy."""
@@ -174,7 +175,39 @@ class Vocabulary:
         )
 
     def prompt_tokens(self, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> list[int]:
-        return self.llm.tokenize(self.prompt(messages, tools).encode("utf-8"), add_bos=False, special=True)
+        """The prompt's tokens. The template's own markers (``<|im_start|>``…) are read as
+        the control tokens they are; the text of a user message or a tool's output is
+        read as text, even where it spells a marker: otherwise a user (or a web page a
+        tool fetched) could write ``<|im_end|><|im_start|>system`` and open a turn of
+        its own. Such a text is found in the rendered prompt in order, after the one
+        before it; a text with no marker in it is tokenized with the rest, unchanged."""
+        text = self.prompt(messages, tools)
+        literal = [message.content for message in messages
+                   if message.role in ("user", "tool") and message.content
+                   and any(marker in message.content for marker in self._control_texts)]
+        if not literal:
+            return self._tokens(text, special=True)
+        tokens: list[int] = []
+        position = 0
+        for content in literal:
+            found = text.find(content, position)
+            if found < 0:  # a template that changed the text: left as rendered
+                continue
+            tokens += self._tokens(text[position:found], special=True)
+            tokens += self._tokens(content, special=False)
+            position = found + len(content)
+        return tokens + self._tokens(text[position:], special=True)
+
+    def _tokens(self, text: str, *, special: bool) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=special) if text else []
+
+    def _control_token_texts(self) -> tuple[str, ...]:
+        """The texts of the vocabulary's control and user-defined tokens (the template's
+        markers, tool call tags), which tokenizing with ``special`` turns into those tokens."""
+        wanted = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED
+        texts = {self._special_text(token) for token in range(llama_cpp.llama_vocab_n_tokens(self._vocab))
+                 if llama_cpp.llama_vocab_get_attr(self._vocab, token) & wanted}
+        return tuple(sorted(text for text in texts if text))
 
     def accepts_grammar(self, grammar: str) -> bool:
         """Whether llama.cpp parses ``grammar`` (the server would refuse it otherwise)."""

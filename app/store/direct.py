@@ -91,7 +91,7 @@ class Direct:
         return None if row is None else tuple(row)
 
     def _compile(self, dialect: Dialect, names: tuple[str, ...]) -> _Compiled:
-        key = (dialect.name, names)
+        key = (f"{dialect.name}+{dialect.driver}", names)
         compiled = self._compiled.get(key)
         if compiled is None:
             sql = self.statement.compile(dialect=dialect, column_keys=list(names))  # type: ignore[attr-defined]

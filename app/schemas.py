@@ -80,7 +80,7 @@ def compile_schema(schema: Any, limits: SchemaLimits = SchemaLimits()) -> Compil
         key = canonical(schema)
     except (TypeError, ValueError, RecursionError):
         return Compiled(None, "the schema is not JSON, or is nested too deeply")
-    size = len(key.encode())
+    size = len(key.encode("utf-8", "surrogatepass"))  # JSON may hold a lone surrogate ("\\ud800")
     if size > limits.max_bytes:
         return Compiled(None, f"the schema is {size:,} bytes, more than this server's limit of "
                               f"{limits.max_bytes:,} (ORS_MAX_SCHEMA_BYTES)")

@@ -77,7 +77,13 @@ from app.backends.base import (  # noqa: E402
 from app.backends.llama_server import DEFAULT_CHUNK, LlamaServer, ServerOptions, find_binary  # noqa: E402
 from app.backends.logprob_ledger import LogprobLedger  # noqa: E402
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec  # noqa: E402
-from app.backends.prompting import ChatTemplate, output_grammar, prompt_messages, template_tools  # noqa: E402
+from app.backends.prompting import (  # noqa: E402
+    ChatTemplate,
+    output_grammar,
+    prompt_messages,
+    template_tools,
+    unicode_text,
+)
 from app.backends.slots import SlotPool  # noqa: E402
 from app.backends.toolcalls import TAG_CLOSE, TAG_OPEN, call_shape, tool_call_grammar, tool_call_parser  # noqa: E402
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError  # noqa: E402
@@ -199,7 +205,7 @@ class Vocabulary:
         return tokens + self._tokens(text[position:], special=True)
 
     def _tokens(self, text: str, *, special: bool) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=special) if text else []
+        return self.llm.tokenize(unicode_text(text).encode("utf-8"), add_bos=False, special=special) if text else []
 
     def _control_token_texts(self) -> tuple[str, ...]:
         """The texts of the vocabulary's control and user-defined tokens (the template's
@@ -502,6 +508,8 @@ class LocalBackend(Backend):
         grammar, source = tool_call_grammar(request.tools, request.tool_policy, model.vocabulary.call_shape), "tools"
         if grammar is None:
             grammar, source = output_grammar(request.output_format), "text.format.schema"
+        if grammar is not None:
+            grammar = unicode_text(grammar)
         return _Plan(
             messages=request.messages,
             tools=request.tools,

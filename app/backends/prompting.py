@@ -225,6 +225,21 @@ def _count(digits: str) -> int:
     return int(digits) if len(digits) <= 7 else 10**7  # never parse an endless number
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unicode_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: the tokenizer and llama.cpp's
+    grammar parser take UTF-8, which cannot hold one. A request's own text has none
+    (``engine.validation.decode_json`` replaces them); this guards what reaches a prompt
+    from elsewhere, such as a conversation stored before that."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _LONE_SURROGATE.sub("\ufffd", text)
+    return text
+
+
 def unsupported_schema(reason: str) -> InvalidRequest:
     return InvalidRequest(
         f"The local model cannot enforce this JSON schema: {reason or 'unsupported construct'}",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -48,6 +49,29 @@ def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, wh
         ) from None
     if json_depth_exceeded(value, max_depth):
         raise too_deep(max_depth, _bytes(raw))
+    escape = _SURROGATE_ESCAPE_TEXT if isinstance(raw, str) else _SURROGATE_ESCAPE
+    if escape.search(raw):  # type: ignore[arg-type]
+        value = _without_lone_surrogates(value)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """``value`` with each lone surrogate replaced by U+FFFD, as WHATWG's UTF-8 encoder
+    (a browser's ``TextEncoder``) does. JSON can spell one (``"\\ud800"``, what a
+    JavaScript string cut inside an emoji serializes to), Unicode text cannot hold one:
+    nothing past this point could encode it as UTF-8 (the response's own JSON, the
+    tokenizer, a grammar). A pair (``"\\ud83d\\ude00"``) is one character already."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        log.info("replaced lone surrogates in a request with U+FFFD")
+        return json.loads(_LONE_SURROGATE.sub("\ufffd", text))
     return value
 
 

@@ -234,6 +234,33 @@ def test_counts_within_the_limit_still_make_a_grammar(client: Client) -> None:
     assert len(json.loads(calls[0]["arguments"])["code"]) == 3
 
 
+# ------------------------------------------- lone surrogates (valid JSON, not Unicode)
+
+LONE = b"a \\ud800 b \\udc80"  # the JSON escapes of two lone surrogates
+
+
+def test_a_lone_surrogate_is_read_as_a_replacement_character(client: Client) -> None:
+    raw = b'{"model": "%s", "input": "Say hi. %s", "max_output_tokens": 16}' % (SMOL.encode(), LONE)
+    reply = client.http.post("/v1/responses", content=raw, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    response = reply.json()
+    assert response["status"] in ("completed", "incomplete")
+    stored = client.http.get(f"/v1/responses/{response['id']}/input_items").json()["data"]
+    assert stored[0]["content"][0]["text"] == "Say hi. a \ufffd b \ufffd"  # as a TextEncoder reads it
+
+
+def test_a_lone_surrogate_in_a_stream_and_a_grammar(client: Client) -> None:
+    schema = b'{"type": "object", "properties": {"a": {"enum": ["x %s"]}}, "required": ["a"]}' % LONE
+    raw = (b'{"model": "%s", "input": "%s", "max_output_tokens": 24, "stream": true, '
+           b'"text": {"format": {"type": "json_schema", "name": "out", "strict": true, "schema": %s}}}'
+           % (SMOL.encode(), LONE, schema))
+    with client.http.stream("POST", "/v1/responses", content=raw, headers={"Content-Type": "application/json"}) as reply:
+        assert reply.status_code == 200
+        body = reply.read().decode()
+    terminal = [line for line in body.splitlines() if line.startswith("event: response.")][-1]
+    assert terminal in ("event: response.completed", "event: response.incomplete"), body[-500:]
+
+
 @pytest.mark.parametrize("value", [5, {"a": 1}, True, 1.5])
 def test_input_of_the_wrong_type_is_a_400(client: Client, value: Any) -> None:
     error = client.error({"model": "scripted-text", "input": value}, 400)

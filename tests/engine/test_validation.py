@@ -141,3 +141,11 @@ def test_lenient_shapes_the_spec_allows() -> None:
         "AssistantMessageParam", "AssistantMessageParam", "ItemReferenceParam",
     ]
     assert body.input[3].phase == "commentary"  # type: ignore[union-attr]
+
+
+def test_lone_surrogates_are_read_as_replacement_characters() -> None:
+    body = b'{"input": "a \\ud800 b \\udfff", "\\udc80key": ["\\ud83d\\ude00", "\\\\ud800"]}'
+    assert decode_json(body) == {"input": "a \ufffd b \ufffd", "\ufffdkey": ["\U0001f600", "\\ud800"]}
+    assert decode_json(body.decode()) == decode_json(body)  # a WebSocket frame is text
+    pair_only = b'{"input": "\\ud83d\\ude00"}'
+    assert decode_json(pair_only) == {"input": "\U0001f600"}

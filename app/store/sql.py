@@ -260,7 +260,7 @@ class SqlResponseStore(ResponseStore):
             "created_at": response.created_at,
             "model": response.model,
             "previous_response_id": response.previous_response_id,
-            "instructions": response.instructions,
+            "instructions": _plain_text(response.instructions),
             "tools": response.tools,
             "resource": response.resource,
             "background": response.background,
@@ -610,7 +610,16 @@ def _item_rows(response_id: str, role: str, documents: Sequence[JSON]) -> list[d
 
 def _item_id(document: JSON) -> str | None:
     value = document.get("id")
-    return value if isinstance(value, str) else None
+    return _plain_text(value) if isinstance(value, str) else None
+
+
+def _plain_text(value: str | None) -> str | None:
+    """A client's text for a plain text column: PostgreSQL's ``text`` cannot hold NUL
+    (``invalid byte sequence for encoding "UTF8": 0x00``), so a request whose
+    ``instructions`` or item id held one failed to be recorded. NUL becomes U+FFFD in
+    these columns only; the response's own JSON (``resource``, the items), which every
+    read serves, keeps it (JSON escapes it as ``\\u0000``)."""
+    return value.replace("\x00", "\ufffd") if value and "\x00" in value else value
 
 
 def _ancestry_cte(

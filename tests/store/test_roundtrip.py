@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.errors import PreviousResponseNotFound
@@ -160,3 +162,15 @@ async def test_finish_after_delete_writes_nothing(store: SqlResponseStore, tenan
     assert await store.get(tenant, begun.id) is None
     assert await row_count(store, "items", begun.id) == 0
 
+
+
+async def test_nul_in_the_clients_text_is_recorded(store: SqlResponseStore, tenant: str) -> None:
+    """PostgreSQL's text columns cannot hold NUL; the response's JSON keeps it exactly."""
+    item = {**user_message("a\x00b"), "id": "msg_\x00odd"}
+    begun = replace(new_response(tenant, inputs=[item]), instructions="Be\x00brief.")
+    begun = replace(begun, resource={**begun.resource, "instructions": "Be\x00brief."})
+    await store.begin(begun)
+    stored = await store.get(tenant, begun.id)
+    assert stored is not None and stored.resource["instructions"] == "Be\x00brief."
+    page = await store.input_items(tenant, begun.id, limit=10, order="asc", after=None)
+    assert page is not None and page.data == [item]

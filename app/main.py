@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import dataclasses
+import inspect
 import uuid
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -187,6 +189,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         title="Open Responses Server",
         version="0.1.0",
         lifespan=lifespan,
+        **framework_telemetry(),
     )
     app.state.settings = settings
     app.state.ready = False
@@ -205,6 +208,30 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
 
 GC_THRESHOLDS = (20_000, 50, 100)
 """The collector's thresholds once serving (Python's are 700, 10, 10)."""
+
+
+def framework_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry (FastAPI 0.16x and later) for the kinds (traces,
+    metrics, logs) whose global provider is configured when the app is made, as
+    ``opentelemetry-instrument`` does before the server starts; the other kinds off.
+    Left on, FastAPI asks on every request and WebSocket whether each provider has been
+    configured since (3.2 µs, about half a percent of a proxied request); off, 0.1 µs.
+    An older FastAPI has no such option and gets nothing."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    from opentelemetry import _logs, metrics, trace
+
+    return {"telemetry": {
+        "tracing": _configured(trace.get_tracer_provider()),
+        "metrics": _configured(metrics.get_meter_provider()),
+        "logs": _configured(_logs.get_logger_provider()),
+    }}
+
+
+def _configured(provider: object) -> bool:
+    """Not the API's stand-in that waits for a provider to be set (``ProxyTracerProvider``,
+    ``_ProxyMeterProvider``, ``ProxyLoggerProvider``)."""
+    return not type(provider).__name__.lstrip("_").startswith("Proxy")
 
 
 def settle_heap() -> None:

@@ -1,13 +1,36 @@
-"""Identifiers. Opaque, unique, and prefixed by kind as the spec's examples are."""
+"""Identifiers. Opaque, unique, and prefixed by kind as the spec's examples are.
+
+Their randomness is the operating system's (``os.urandom``, as :mod:`secrets` uses),
+drawn 256 ids at a time: every response takes three or four ids (request, response,
+items), and a ``getrandom`` system call for each was about 3% of a proxied request's CPU.
+The drawn ids wait in a deque, whose ``popleft`` is atomic, so threads may take ids too;
+a forked child empties it, so no id is handed out in two processes.
+"""
 
 from __future__ import annotations
 
-import secrets
+import collections
+import os
+
+_HEX_PER_ID = 24
+_IDS_PER_DRAW = 256
+_drawn: collections.deque[str] = collections.deque()
+os.register_at_fork(after_in_child=_drawn.clear)
+
+
+def random_hex() -> str:
+    """24 random hex characters (96 bits)."""
+    while True:
+        try:
+            return _drawn.popleft()
+        except IndexError:
+            block = os.urandom(_HEX_PER_ID // 2 * _IDS_PER_DRAW).hex()
+            _drawn.extend([block[start:start + _HEX_PER_ID] for start in range(0, len(block), _HEX_PER_ID)])
 
 
 def new_id(prefix: str) -> str:
     """``prefix`` + ``_`` + 24 random hex characters (96 bits), e.g. ``msg_3f2a…``."""
-    return f"{prefix}_{secrets.token_hex(12)}"
+    return f"{prefix}_{random_hex()}"
 
 
 def response_id() -> str:

@@ -6,10 +6,10 @@ header added, no body buffering, so streams pass through untouched."""
 from __future__ import annotations
 
 import re
-import secrets
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.engine.ids import new_id
 from app.logs import request_id
 
 HEADER = b"x-request-id"
@@ -24,7 +24,7 @@ class RequestIdMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        rid = _incoming(scope) or "req_" + secrets.token_hex(12)
+        rid = _incoming(scope) or new_id("req")
         token = request_id.set(rid)
         header = (HEADER, rid.encode())
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -35,9 +37,21 @@ Model = TypeVar("Model", bound=BaseModel)
 def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, what: str = "request body") -> Any:
     """The body (or a WebSocket frame: ``what``) as JSON, or a 400 that says where the JSON
     broke or that it nests deeper than ``max_depth`` (``json_too_deep``, never a
-    ``RecursionError``)."""
+    ``RecursionError``).
+
+    JSON as RFC 8259 has it, and nothing Python's own reader also takes: bytes are UTF-8
+    (a leading byte order mark is ignored), strictly, so an encoded surrogate
+    (``ED A0 80``) is an error rather than a lone surrogate that no later step could
+    encode; ``NaN``, ``Infinity`` and ``-Infinity`` are not numbers (Python would read them
+    and write them back out, as JSON no upstream or database reads), nor is a number
+    beyond a double's range (``1e400``, read as infinity); an integer of more
+    than 4,300 digits (Python's limit on reading one) is refused here, not by a 500."""
     try:
-        value = json.loads(raw)
+        if isinstance(raw, bytes):
+            text = (raw[3:] if raw[:3] == _BOM else raw).decode()
+        else:
+            text = raw
+        value = _DECODER.decode(text)
     except RecursionError:
         raise too_deep(max_depth, _bytes(raw)) from None
     except UnicodeDecodeError:
@@ -47,12 +61,38 @@ def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, wh
             f"The {what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}.",
             code="invalid_json",
         ) from None
+    except _NotANumber as exc:
+        raise InvalidRequest(f"The {what} is not valid JSON: {exc}.", code="invalid_json") from None
+    except ValueError:  # the one other thing the reader raises: an integer too long to read
+        raise InvalidRequest(
+            f"The {what} holds an integer of more than {sys.get_int_max_str_digits():,} digits.",
+            code="invalid_json",
+        ) from None
     if json_depth_exceeded(value, max_depth):
         raise too_deep(max_depth, _bytes(raw))
     escape = _SURROGATE_ESCAPE_TEXT if isinstance(raw, str) else _SURROGATE_ESCAPE
     if escape.search(raw):  # type: ignore[arg-type]
         value = _without_lone_surrogates(value)
     return value
+
+
+class _NotANumber(ValueError):
+    pass
+
+
+def _not_a_number(constant: str) -> Any:
+    raise _NotANumber(f"{constant} is not a JSON number")
+
+
+def _finite(literal: str) -> float:
+    number = float(literal)
+    if math.isinf(number):
+        raise _NotANumber(f"{literal[:32]} is beyond the range of a double")
+    return number
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_a_number, parse_float=_finite)
+_BOM = b"\xef\xbb\xbf"
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")

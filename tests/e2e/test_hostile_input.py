@@ -261,6 +261,38 @@ def test_a_lone_surrogate_in_a_stream_and_a_grammar(client: Client) -> None:
     assert terminal in ("event: response.completed", "event: response.incomplete"), body[-500:]
 
 
+# ------------------------------------------- what Python's JSON reader takes and JSON is not
+
+NOT_JSON = {
+    "an encoded surrogate": (b'"input": "a \xed\xa0\x80 b"', "not valid UTF-8"),
+    "NaN": (b'"input": "hi", "temperature": NaN', "NaN is not a JSON number"),
+    "-Infinity in a schema": (b'"input": "hi", "tools": [{"type": "function", "name": "f", "parameters": '
+                              b'{"type": "object", "properties": {"n": {"type": "number", "minimum": -Infinity}}}}]',
+                              "-Infinity is not a JSON number"),
+    "a number beyond a double": (b'"input": "hi", "temperature": 1e400', "1e400 is beyond the range of a double"),
+    "an integer of 5,000 digits": (b'"input": "hi", "max_output_tokens": ' + b"9" * 5000, "more than 4,300 digits"),
+}
+
+
+@pytest.mark.parametrize("name", list(NOT_JSON))
+def test_what_only_python_reads_as_json_is_a_400_and_the_connection_lives(client: Client, name: str) -> None:
+    fields, says = NOT_JSON[name]
+    raw = b'{"model": "scripted-text", ' + fields + b"}"
+    error = client.error(None, 400, raw=raw)
+    assert error["code"] == "invalid_json" and says in error["message"], error
+    # the same kept-alive connection still serves: nothing failed inside the server
+    assert client.http.post("/v1/responses", json={"model": "scripted-text", "input": "hi"}).status_code == 200
+
+
+def test_a_websocket_frame_with_nan_is_an_error_envelope(server: LiveServer) -> None:
+    url = server.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=10) as ws:
+        ws.send('{"type": "response.create", "model": "scripted-text", "input": "hi", "temperature": NaN}')
+        envelope = json.loads(ws.recv(timeout=10))
+        validate_ws_error(envelope)
+        assert envelope["error"]["code"] == "invalid_json", envelope
+
+
 @pytest.mark.parametrize("value", [5, {"a": 1}, True, 1.5])
 def test_input_of_the_wrong_type_is_a_400(client: Client, value: Any) -> None:
     error = client.error({"model": "scripted-text", "input": value}, 400)

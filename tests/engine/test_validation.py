@@ -149,3 +149,23 @@ def test_lone_surrogates_are_read_as_replacement_characters() -> None:
     assert decode_json(body.decode()) == decode_json(body)  # a WebSocket frame is text
     pair_only = b'{"input": "\\ud83d\\ude00"}'
     assert decode_json(pair_only) == {"input": "\U0001f600"}
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    (b'{"a": NaN}', "NaN is not a JSON number"),
+    (b'{"a": [Infinity]}', "Infinity is not a JSON number"),
+    (b'{"a": -1e400}', "-1e400 is beyond the range of a double"),
+    (b'{"a": ' + b"1" * 4301 + b"}", "more than 4,300 digits"),
+    (b'{"a": "\xed\xa0\x80"}', "not valid UTF-8"),  # a surrogate, encoded
+    ('{"a": 1}'.encode("utf-16"), "not valid UTF-8"),
+])
+def test_only_json_as_rfc_8259_has_it(raw: bytes, says: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        decode_json(raw)
+    assert caught.value.code == "invalid_json" and says in caught.value.message
+
+
+def test_what_json_allows_is_read_as_before() -> None:
+    assert decode_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}  # a byte order mark is ignored
+    assert decode_json(b'{"a": 1e-400, "b": 0.5, "c": ' + b"1" * 4300 + b"}") == {"a": 0.0, "b": 0.5, "c": int("1" * 4300)}
+    assert decode_json('{"a": "\u00e9"}') == decode_json('{"a": "\u00e9"}'.encode()) == {"a": "\u00e9"}

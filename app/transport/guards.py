@@ -21,7 +21,10 @@ In order, each refusal an :mod:`app.errors` error rendered by
    cross-site only after a CORS preflight, so a form or ``text/plain`` post from another
    site never runs a generation. A ``POST`` without a body and without a Content-Type
    (``curl -X POST …/cancel``) passes: there is nothing to parse, and the one such
-   endpoint acts on a response id that another site cannot know.
+   endpoint acts on a response id that another site cannot know. A body sent with a
+   ``Content-Encoding`` (``gzip``…) other than ``identity`` is refused the same way,
+   saying so: bodies are read as sent, and a compressed one would otherwise be
+   reported as JSON that is not UTF-8.
 4. **Body size**: a ``Content-Length`` above ``ORS_MAX_BODY_BYTES`` is refused before a
    byte is read; a chunked body is counted as the app reads it and refused (the read
    raises) as soon as it passes the limit, so no more than the limit is ever handed on.
@@ -110,7 +113,7 @@ class Guards:
             await self.app(scope, receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        host = content_type = length = None
+        host = content_type = length = encoding = None
         chunked = False
         for name, value in scope["headers"]:
             if name == b"host":
@@ -121,11 +124,13 @@ class Guards:
                 length = value
             elif name == b"transfer-encoding":
                 chunked = True
+            elif name == b"content-encoding":
+                encoding = value
         error = self._host_error(host)
         if error is None and scope["method"] == "POST" and (
             content_type is not None or chunked or (length is not None and length != b"0")
         ):
-            error = _content_type_error(content_type)
+            error = _content_type_error(content_type) or _content_encoding_error(encoding)
         if error is None and length is not None and _declared(length) > self.max_body_bytes:
             error = self._too_large()
         if error is not None:
@@ -221,6 +226,14 @@ def _content_type_error(content_type: bytes | None) -> ORSError | None:
     shown = content_type.decode("latin-1") if content_type is not None else "none"
     return UnsupportedMediaType(
         f"Request bodies must be sent as 'Content-Type: application/json' (got {shown})."
+    )
+
+
+def _content_encoding_error(encoding: bytes | None) -> ORSError | None:
+    if encoding is None or encoding.strip().lower() in (b"", b"identity"):
+        return None
+    return UnsupportedMediaType(
+        f"Request bodies must be sent uncompressed (got 'Content-Encoding: {encoding.decode('latin-1')}')."
     )
 
 

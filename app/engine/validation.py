@@ -26,18 +26,20 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.engine.limits import DEFAULT_MAX_JSON_DEPTH, json_depth_exceeded, too_deep
+from app.engine.limits import RequestLimits, check_json_shape, too_deep
 from app.errors import InvalidRequest
 
 log = logging.getLogger("ors.request")
 
 Model = TypeVar("Model", bound=BaseModel)
+DEFAULT_LIMITS = RequestLimits()
 
 
-def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, what: str = "request body") -> Any:
+def decode_json(raw: bytes | str, limits: RequestLimits = DEFAULT_LIMITS, *, what: str = "request body") -> Any:
     """The body (or a WebSocket frame: ``what``) as JSON, or a 400 that says where the JSON
-    broke or that it nests deeper than ``max_depth`` (``json_too_deep``, never a
-    ``RecursionError``).
+    broke, that it nests deeper than ``limits.max_json_depth`` (``json_too_deep``, never a
+    ``RecursionError``) or that it holds more than ``limits.max_json_values`` values
+    (:func:`app.engine.limits.check_json_shape`).
 
     JSON as RFC 8259 has it, and nothing Python's own reader also takes: bytes are UTF-8
     (a leading byte order mark is ignored), strictly, so an encoded surrogate
@@ -53,7 +55,7 @@ def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, wh
             text = raw
         value = _DECODER.decode(text)
     except RecursionError:
-        raise too_deep(max_depth, _bytes(raw)) from None
+        raise too_deep(limits.max_json_depth, _bytes(raw)) from None
     except UnicodeDecodeError:
         raise InvalidRequest(f"The {what} is not valid UTF-8.", code="invalid_json") from None
     except json.JSONDecodeError as exc:
@@ -68,8 +70,8 @@ def decode_json(raw: bytes | str, max_depth: int = DEFAULT_MAX_JSON_DEPTH, *, wh
             f"The {what} holds an integer of more than {sys.get_int_max_str_digits():,} digits.",
             code="invalid_json",
         ) from None
-    if json_depth_exceeded(value, max_depth):
-        raise too_deep(max_depth, _bytes(raw))
+    if isinstance(value, (dict, list)):
+        check_json_shape(value, raw, limits.max_json_depth, limits.max_json_values)
     escape = _SURROGATE_ESCAPE_TEXT if isinstance(raw, str) else _SURROGATE_ESCAPE
     if escape.search(raw):  # type: ignore[arg-type]
         value = _without_lone_surrogates(value)

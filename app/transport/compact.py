@@ -31,7 +31,7 @@ async def compact_response(request: Request, engine: EngineDep, tenant: TenantDe
     """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
     window to start a new chain from."""
     async with await limiter.acquire(tenant):
-        data = decode_json(await request.body(), engine.limits.max_json_depth)
+        data = decode_json(await request.body(), engine.limits)
         if isinstance(data, dict):
             check_counts(data, engine.limits)
         body = parse_body(CompactBody, data)

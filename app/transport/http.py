@@ -99,7 +99,7 @@ async def create_response(request: Request) -> Response:
     lease = await state.limiter.acquire(tenant)
     try:
         turn = await engine.prepare(
-            decode_json(await request.body(), engine.limits.max_json_depth),
+            decode_json(await request.body(), engine.limits),
             tenant=tenant,
             history=history_for(engine, tenant),
         )

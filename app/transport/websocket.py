@@ -46,6 +46,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from app.engine.items import from_stored
+from app.engine.limits import RequestLimits
 from app.engine.history import History, HistorySource, NoHistory, StoredHistory, merge_tools, not_found
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
@@ -206,7 +207,7 @@ class Connection:
 
     async def _turn(self, frame: str) -> None:
         try:
-            data = _create_event(frame, self.engine.limits.max_json_depth)
+            data = _create_event(frame, self.engine.limits)
             lease = await self.limiter.acquire(self.tenant)
         except ORSError as error:
             await self._send(error.websocket_envelope())
@@ -258,10 +259,10 @@ class _Fixed(HistorySource):
         return self.history
 
 
-def _create_event(frame: str | None, max_depth: int) -> dict[str, Any]:
+def _create_event(frame: str | None, limits: RequestLimits) -> dict[str, Any]:
     if frame is None:
         raise InvalidRequest("Frames must be text holding one JSON object.", code="invalid_json")
-    data = decode_json(frame, max_depth, what="frame")
+    data = decode_json(frame, limits, what="frame")
     if not isinstance(data, dict):
         raise InvalidRequest("A frame must be a JSON object.", code="invalid_type")
     if data.get("type") != "response.create":

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_TOOLS
+from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_JSON_VALUES, DEFAULT_MAX_TOOLS
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES
 from compliance import validate_ws_error
 from tests.client import Client
@@ -101,6 +101,29 @@ def test_too_many_input_items(client: Client) -> None:
     items = [{"type": "message", "role": "user", "content": "x"}] * (DEFAULT_MAX_INPUT_ITEMS + 1)
     error = client.error({"model": "scripted-text", "input": items}, 400)
     assert (error["code"], error["param"]) == ("too_many_input_items", "input")
+
+
+def _parts(count: int) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "input_text", "text": "a"}] * count}]
+
+
+def test_a_body_of_too_many_values_is_a_400_and_one_just_under_is_served(client: Client) -> None:
+    over = DEFAULT_MAX_JSON_VALUES // 3 + 1  # three values a part: its place, its type, its text
+    error = client.error({"model": "scripted-text", "input": _parts(over)}, 400)
+    assert (error["code"], error["param"]) == ("too_many_json_values", "input")
+    under = (DEFAULT_MAX_JSON_VALUES - 100) // 3
+    reply = client.http.post("/v1/responses", json={"model": "scripted-text", "input": _parts(under), "store": False})
+    assert reply.status_code == 200, reply.text[:300]
+
+
+def test_a_frame_of_too_many_values_is_an_error_envelope(server: LiveServer) -> None:
+    url = server.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=10, max_size=None) as ws:
+        over = {"type": "response.create", "model": "scripted-text", "input": _parts(DEFAULT_MAX_JSON_VALUES // 3 + 1)}
+        ws.send(json.dumps(over))
+        envelope = json.loads(ws.recv(timeout=30))
+        validate_ws_error(envelope)
+        assert (envelope["error"]["code"], envelope["error"]["param"]) == ("too_many_json_values", "input")
 
 
 def test_too_many_tools(client: Client) -> None:

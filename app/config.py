@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     listens on a loopback address (a guard against DNS rebinding)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """The largest request body, and the largest WebSocket message (413 ``request_too_large``)."""
+    request_read_timeout: float = Field(default=30.0, ge=0)
+    """Seconds a client has to begin a new connection's first request and to complete a
+    request's headers, and may go silent while sending its body; past it the connection
+    is closed (slow and stalled clients hold no connection). 0: no limit."""
     ws_max_queued_frames: int = Field(default=4, ge=0)
     """``response.create`` frames that may wait behind the running turn of a WebSocket
     connection; each one more gets an error envelope (429, in its turn) and is dropped."""

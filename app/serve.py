@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 from types import FrameType
 from typing import Any
@@ -10,12 +11,17 @@ import uvicorn
 
 from app.config import Settings
 from app.transport.drain import Drain
+from app.transport.receipt import ReceiptDeadlineProtocol
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:
     """uvicorn options that come from the settings: the largest WebSocket message is the
-    largest request body (a bigger one closes the connection with 1009)."""
-    return {"ws_max_size": settings.max_body_bytes}
+    largest request body (a bigger one closes the connection with 1009), and each request
+    must arrive within ``ORS_REQUEST_READ_TIMEOUT`` (:mod:`app.transport.receipt`)."""
+    return {
+        "ws_max_size": settings.max_body_bytes,
+        "http": functools.partial(ReceiptDeadlineProtocol, read_timeout=settings.request_read_timeout),
+    }
 
 
 def drain_on_exit_signals(drain: Drain) -> None:

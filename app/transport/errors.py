@@ -6,12 +6,23 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from app.errors import InvalidRequest, NotFound, ORSError, PayloadTooLarge, ServerError, TooManyRequests
 
 log = logging.getLogger("ors.http")
+
+CLIENT_CLOSED_REQUEST = 499
+"""The status a request is counted and logged with when its client left before the
+answer (nginx's convention); nothing is sent."""
+
+
+def client_left() -> Response:
+    """What a request whose client left while sending its body (``ClientDisconnect``)
+    ends with: nothing to answer, and nothing went wrong in the server."""
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 def error_response(error: ORSError) -> JSONResponse:
@@ -54,6 +65,10 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             error = ServerError(str(exc.detail))
         return error_response(error)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _client_left(_: Request, __: ClientDisconnect) -> Response:
+        return client_left()
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

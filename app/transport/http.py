@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -22,7 +23,7 @@ from app.errors import InvalidRequest, NotFound, ORSError
 from app.protocol.responses import ResponseResource
 from app.store.base import ResponseStore
 from app.transport.auth import KeyAuthenticator
-from app.transport.errors import error_response
+from app.transport.errors import client_left, error_response
 from app.transport.ratelimit import RateLimiter
 from app.transport.sse import replay_events, stream_emitted, stream_turn
 
@@ -128,7 +129,7 @@ async def create_response(request: Request) -> Response:
     async with lease:
         response = await _run_while_connected(request, turn, live)
     if response is None:  # the client left: nobody to answer
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+        return client_left()
     if response.status == "failed" and turn.error is not None:
         return error_response(turn.error)
     if turn.answer is not None:  # serialized once, for the store and for the client
@@ -264,11 +265,6 @@ def _json(response: ResponseResource) -> Response:
     return Response(response.model_dump_json(), media_type="application/json")
 
 
-CLIENT_CLOSED_REQUEST = 499
-"""The status a JSON request is counted and logged with when its client left before the
-answer (nginx's convention); nothing is sent."""
-
-
 WATCH_AFTER_SECONDS = 0.05
 """How long a JSON request runs before a task starts watching its connection. Most
 answers in front of a fast upstream take a millisecond or two: for those no watcher
@@ -351,6 +347,8 @@ class CreateResponseRoute:
             response = await create_response(request)
         except ORSError as exc:
             response = error_response(exc)
+        except ClientDisconnect:  # gone while sending its body
+            response = client_left()
         await response(scope, receive, send)
 
 

@@ -4,9 +4,8 @@ the spec's error object (or WebSocket error envelope), checked by ``compliance``
 
 from __future__ import annotations
 
-import gzip
-
 import asyncio
+import gzip
 import http.client
 import json
 import socket

@@ -53,6 +53,13 @@ class ResponseIncomplete(StreamEvent):
     response: ResponseResource
 
 
+RESPONSE_EVENTS: frozenset[type[StreamEvent]] = frozenset(
+    {ResponseCreated, ResponseQueued, ResponseInProgress, ResponseCompleted, ResponseFailed, ResponseIncomplete}
+)
+"""The events that carry the response: their JSON is ``type``, ``sequence_number``, then
+the response's own JSON."""
+
+
 # ---------------------------------------------------------------- items and parts
 
 

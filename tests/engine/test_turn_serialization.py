@@ -1,0 +1,73 @@
+"""What a turn serializes: each snapshot of the response once, however many events and
+records carry it, and every event's JSON exactly as its model would write it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.backends.scripted import ScriptedBackend, text_script
+from app.engine.engine import Engine
+from app.engine.history import NoHistory
+from app.engine.models import ModelRouter
+from app.protocol.events import RESPONSE_EVENTS, StreamEvent
+from app.protocol.responses import ResponseResource
+from app.store.engines import sqlite_url
+from app.store.sql import SqlResponseStore
+from compliance import check_stream
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = [{"type": "function", "name": f"tool_{i}", "description": "Does a thing.",
+          "parameters": {"type": "object", "properties": {"p": {"type": "string"}}}} for i in range(5)]
+EVENTS = {cls.model_fields["type"].default: cls for cls in RESPONSE_EVENTS}
+
+
+@pytest.fixture
+def dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every serialization of a response, as made."""
+    made: list[str] = []
+    original = ResponseResource.model_dump_json
+
+    def counting(self: ResponseResource, **kwargs: Any) -> str:
+        text = original(self, **kwargs)
+        made.append(text)
+        return text
+
+    monkeypatch.setattr(ResponseResource, "model_dump_json", counting)
+    return made
+
+
+@pytest.mark.parametrize("store", [True, False])
+async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str], store: bool) -> None:
+    database = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance") if store else None
+    if database is not None:
+        await database.open()
+    try:
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hello", ", ", "world")})], "m"),
+                        store=database)
+        turn = await engine.prepare({"model": "m", "input": "x", "tools": TOOLS, "instructions": "Be brief.",
+                                     "store": store}, tenant="t", history=NoHistory())
+        emitted = [event async for batch in turn.batches() for event in batch]
+    finally:
+        if database is not None:
+            await database.close()
+    check_stream([json.loads(event.data) for event in emitted], expect_done=False)
+    carrying = [event for event in emitted if event.type in EVENTS]
+    assert [event.type for event in carrying] == ["response.created", "response.in_progress", "response.completed"]
+    # the start's snapshot once (created and in_progress), the end's once (the terminal
+    # event, and the record and answer when stored)
+    assert len(dumps) == 2
+    assert (turn.answer is not None) == store
+    if turn.answer is not None:
+        assert turn.answer == dumps[1]
+    for event in emitted:  # byte for byte what the event's model writes
+        data = json.loads(event.data)
+        model: type[StreamEvent] = EVENTS.get(event.type, StreamEvent)
+        if model is not StreamEvent:
+            rebuilt = model(sequence_number=data["sequence_number"],
+                            response=ResponseResource.model_validate(data["response"]))  # type: ignore[call-arg]
+            assert rebuilt.model_dump_json() == event.data

@@ -536,7 +536,8 @@ class Turn:
             previous_response_id=resource.previous_response_id,
             instructions=resource.instructions,
             tools=self.tools,
-            resource={} if self._defer else resource.model_dump(mode="json"),  # deferred: the end's replaces it
+            # deferred: the end's replaces it
+            resource={} if self._defer else Serialized(self._response_json(resource), str(resource.status)),
             input_items=self.input_items,
             background=resource.background,
         )
@@ -548,7 +549,8 @@ class Turn:
     async def _record_status(self) -> None:
         if self.store is not None:
             resource = self.builder.response
-            await self.store.set_status(self.tenant, self.id, resource.status, resource.model_dump(mode="json"))
+            await self.store.set_status(self.tenant, self.id, resource.status,
+                                        Serialized(self._response_json(resource), str(resource.status)))
 
     async def _settle(self) -> None:
         """Record the end (once) and mark the turn ended."""

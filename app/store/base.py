@@ -68,7 +68,7 @@ class NewResponse:
     previous_response_id: str | None
     instructions: str | None
     tools: list[JSON]
-    resource: JSON
+    resource: Document
     """The initial ``ResponseResource`` snapshot."""
     input_items: list[JSON]
     """The request's own input items, each with an ``id``."""
@@ -125,7 +125,7 @@ class ResponseStore(abc.ABC):
         :class:`~app.errors.PreviousResponseNotFound` is raised."""
 
     @abc.abstractmethod
-    async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
+    async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
         """Move a response that has not finished (``queued`` → ``in_progress``, or to
         ``cancelled``). A response that was cancelled or deleted meanwhile is left as it
         is; one that already finished otherwise raises :class:`StoreConflict`."""

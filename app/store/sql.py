@@ -287,7 +287,7 @@ class SqlResponseStore(ResponseStore):
 
         return work
 
-    async def set_status(self, tenant: str, response_id: str, status: str, resource: JSON) -> None:
+    async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
         if status not in NON_TERMINAL and status != "cancelled":
             raise ValueError(f"set_status moves to queued, in_progress or cancelled, not {status!r}")
 

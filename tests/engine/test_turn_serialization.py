@@ -31,13 +31,19 @@ def dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every serialization of a response, as made."""
     made: list[str] = []
     original = ResponseResource.model_dump_json
+    original_dict = ResponseResource.model_dump
 
     def counting(self: ResponseResource, **kwargs: Any) -> str:
         text = original(self, **kwargs)
         made.append(text)
         return text
 
+    def counting_dict(self: ResponseResource, **kwargs: Any) -> Any:
+        made.append(json.dumps(original_dict(self, **kwargs)))
+        return original_dict(self, **kwargs)
+
     monkeypatch.setattr(ResponseResource, "model_dump_json", counting)
+    monkeypatch.setattr(ResponseResource, "model_dump", counting_dict)
     return made
 
 
@@ -58,8 +64,8 @@ async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str]
     check_stream([json.loads(event.data) for event in emitted], expect_done=False)
     carrying = [event for event in emitted if event.type in EVENTS]
     assert [event.type for event in carrying] == ["response.created", "response.in_progress", "response.completed"]
-    # the start's snapshot once (created and in_progress), the end's once (the terminal
-    # event, and the record and answer when stored)
+    # the start's snapshot once (its record when stored, created and in_progress), the
+    # end's once (the terminal event, and the record and answer when stored)
     assert len(dumps) == 2
     assert (turn.answer is not None) == store
     if turn.answer is not None:
@@ -71,3 +77,23 @@ async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str]
             rebuilt = model(sequence_number=data["sequence_number"],
                             response=ResponseResource.model_validate(data["response"]))  # type: ignore[call-arg]
             assert rebuilt.model_dump_json() == event.data
+
+
+async def test_a_background_turn_serializes_each_of_its_three_snapshots_once(
+    tmp_path: Path, dumps: list[str]
+) -> None:
+    database = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
+    await database.open()
+    try:
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hello")})], "m"), store=database)
+        turn = await engine.prepare({"model": "m", "input": "x", "tools": TOOLS, "background": True},
+                                    tenant="t", history=NoHistory())
+        emitted = [event async for batch in turn.batches() for event in batch]
+        stored = await database.get("t", turn.id)
+    finally:
+        await database.close()
+    check_stream([json.loads(event.data) for event in emitted], expect_done=False)
+    assert [event.type for event in emitted if event.type in EVENTS] == [
+        "response.created", "response.queued", "response.in_progress", "response.completed"]
+    assert len(dumps) == 3  # queued (record, created, queued), in_progress (record, event), the end
+    assert stored is not None and stored.status == "completed"

@@ -251,7 +251,8 @@ class LocalModel:
         self.context_window = server.options.context
         self.held: list[np.ndarray] = [np.zeros(0, dtype=np.int32) for _ in range(slots.size)]
         self.keys: dict[str, int] = {}
-        """``prompt_cache_key`` → the slot that last served it."""
+        """``prompt_cache_key`` → the slot that last served it, the :attr:`keys_kept` most
+        recently used (a client may send a new key with every request)."""
 
     def ranker(self, tokens: np.ndarray, cache_key: str | None) -> Callable[[int], float]:
         """How well each slot suits a prompt: its ``prompt_cache_key``'s slot first, then
@@ -264,10 +265,19 @@ class LocalModel:
 
         return rank
 
+    keys_kept = 1024
+    """How many ``prompt_cache_key``s are remembered: far more than the slots whose
+    prefixes they point to (a key whose slot has served many others since points at a
+    prefix long gone), few enough that keys made up per request cannot grow the map."""
+
     def remember(self, slot: int, tokens: np.ndarray, cache_key: str | None) -> None:
         self.held[slot] = tokens
         if cache_key:
-            self.keys[cache_key] = slot
+            keys = self.keys
+            keys.pop(cache_key, None)  # the most recently used last
+            keys[cache_key] = slot
+            if len(keys) > self.keys_kept:
+                del keys[next(iter(keys))]
 
     async def save(self) -> None:
         """Save every slot that holds something, with a record of what it holds."""

@@ -21,7 +21,7 @@ from app.backends.base import (
     ToolCallDelta,
     ToolSpec,
 )
-from app.backends.local import LocalBackend, PlainTextParser
+from app.backends.local import LocalBackend, LocalModel, PlainTextParser
 from app.backends.model_files import ModelFiles, ModelSpec
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, TooManyRequests
 
@@ -437,6 +437,25 @@ async def test_prompt_cache_key_steers_to_the_slot_that_holds_it(smollm2: LocalB
     for preamble, key in ((first, "pirate"), (second, "librarian")):
         finish = await turn(preamble, key)
         assert finish.usage is not None and finish.usage.cached_tokens >= finish.usage.input_tokens - 1
+
+
+async def test_only_the_most_recent_prompt_cache_keys_are_kept(
+    smollm2: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client may make up a key per request: the map of keys to slots stays bounded."""
+    monkeypatch.setattr(LocalModel, "keys_kept", 2)
+
+    async def turn(key: str) -> None:
+        await collect(smollm2, GenerationRequest(
+            model=SMOLLM2, messages=(ChatMessage("user", "Hi"),),
+            sampling=Sampling(max_output_tokens=1, temperature=0.0), cache_key=key))
+
+    for key in ("k0", "k1", "k2", "k3"):
+        await turn(key)
+    loaded = await smollm2._loaded(smollm2._entry(SMOLLM2))
+    assert list(loaded.keys) == ["k2", "k3"]
+    await turn("k2")
+    assert list(loaded.keys) == ["k3", "k2"]
 
 
 def test_a_users_text_never_becomes_a_control_token(tmp_path: Path) -> None:

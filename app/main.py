@@ -148,7 +148,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         limits=settings.request_limits(),
     )
     engine.history_cache = HistoryCache(settings.history_cache_entries)
-    metrics = engine.metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()])
+    metrics = engine.metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()],
+                                       named=engine.router.names)
     live = LiveTurns()
     drain = Drain()
     authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])

@@ -24,6 +24,14 @@ over the live workers).
 The ``model`` of an HTTP request is noted by the engine into a holder that the
 middleware creates per request (:func:`note_model`); requests that never reach the engine
 have ``model=""``.
+
+**Model labels are bounded.** A model id is the client's string: an upstream route
+without a model list, or a prefix route, sends any id on, and each distinct one would
+make a new series of every model-labelled metric (histograms included), for as long as
+the process lives. The ids the server names itself (its routes' and backends' models,
+aliases) are always label values; any other becomes one once a request or response for
+it succeeded, and at most :data:`MODEL_LABELS` such ids do. Every other id is counted as
+``model="other"``.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+MODEL_LABELS = 100
+"""Distinct model ids kept as label values (see the module docstring)."""
+OTHER_MODEL = "other"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
@@ -102,7 +114,9 @@ class _Ended:
 
 
 class Metrics:
-    def __init__(self, backend_gauges: Callable[[], Iterable[ModelGauges]] = tuple) -> None:
+    def __init__(self, backend_gauges: Callable[[], Iterable[ModelGauges]] = tuple,
+                 named: Callable[[str], bool] = lambda model: False) -> None:
+        """``named``: whether the server names a model id itself (see the module docstring)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self._backends = _Backends(backend_gauges)
@@ -139,6 +153,22 @@ class Metrics:
         # values is looked up once (a response's end made seven such calls, ~8 us)
         self._ended: dict[tuple[str, str], _Ended] = {}
         self._requests: dict[tuple[str, str, int, str], Any] = {}
+        self._named = named
+        self._models: set[str] = {""}
+        self._admitted = 0
+
+    def _model(self, model: str, succeeded: bool) -> str:
+        """``model`` as a label value: itself once admitted, :data:`OTHER_MODEL` else. An id
+        the server names is admitted at once; another by a success, while fewer than
+        :data:`MODEL_LABELS` such ids are."""
+        if model in self._models:
+            return model
+        if not self._named(model):
+            if not succeeded or self._admitted >= MODEL_LABELS:
+                return OTHER_MODEL
+            self._admitted += 1
+        self._models.add(model)
+        return model
 
     def exposition(self) -> bytes:
         """The text a scrape gets: this process's registry, or with worker processes
@@ -154,6 +184,7 @@ class Metrics:
         self, *, model: str, status: str, error_code: str | None, seconds: float,
         first_output_seconds: float | None, input_tokens: int, output_tokens: int, cached_tokens: int,
     ) -> None:
+        model = self._model(model, status != "failed")
         of = self._ended.get((model, status))
         if of is None:
             of = self._ended[(model, status)] = _Ended(
@@ -175,6 +206,7 @@ class Metrics:
 
     def http_request(self, route: str, method: str, status: int, model: str) -> None:
         """One HTTP request over (by route template, method, status and model)."""
+        model = self._model(model, status < 400)
         key = (route, method, status, model)
         counter = self._requests.get(key)
         if counter is None:

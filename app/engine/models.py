@@ -78,6 +78,13 @@ class ModelRouter:
                         raise ValueError(f"the {what} {key!r} is routed to two upstreams, "
                                          f"{other.name!r} and {route.name!r}")
         self._by_length = sorted(self._prefixes, key=len, reverse=True)
+        self._named = frozenset(info.id for info in self.models()) | frozenset(self.aliases)
+
+    def names(self, model: str) -> bool:
+        """Whether ``model`` is an id this server names itself (an exact route's, an
+        alias, a model a backend lists), as opposed to one an open route (a prefix, an
+        upstream without a model list) passes on whatever it is."""
+        return model in self._named
 
     def resolve(self, model: str | None) -> tuple[str, Backend]:
         """The id to send (an alias's target, a route's prefix stripped) and its backend,

@@ -88,3 +88,11 @@ async def test_models_lists_configured_ids_and_what_listing_upstreams_serve() ->
 async def test_listed_ids_that_would_not_route_back_are_left_out() -> None:
     unstripped = Route("u", Listing(["u/a", "b"]), prefixes=("u/",), strip_prefix=False, list_models=True)
     assert [info.id for info in await ModelRouter([], "x", routes=[unstripped]).available_models()] == ["u/a"]
+
+
+def test_the_ids_the_server_names_itself() -> None:
+    routed = router(aliases={"gpt-4o-mini": "local-model"})
+    assert all(routed.names(model) for model in ("alpha-model", "local-model", "gpt-4o-mini"))
+    # passed on by a prefix (resolvable, but the client's string): not named
+    assert routed.resolve("alpha/made-up")[1] is ALPHA and not routed.names("alpha/made-up")
+    assert not routed.names("beta/x")

@@ -286,9 +286,11 @@ def _tool_policy(body: CreateResponseBody) -> ToolPolicy:
         return ToolPolicy(mode=choice.mode, allowed=allowed, parallel=parallel, max_calls=body.max_tool_calls)
     mode = choice or "auto"
     if mode == "required" and not names:
-        raise InvalidRequest(
-            "tool_choice is 'required' but no tools were given.", code="invalid_value", param="tool_choice"
-        )
+        given = [f"'{tool.type}'" for tool in body.tools or ()]
+        reason = (f"none of the tools given ({', '.join(given)}) can be offered to the model: this server runs "
+                  "function tools, namespace tools and custom tools without a lark grammar") if given else \
+            "no tools were given"
+        raise InvalidRequest(f"tool_choice is 'required' but {reason}.", code="invalid_value", param="tool_choice")
     return ToolPolicy(mode=mode, parallel=parallel, max_calls=body.max_tool_calls)
 
 

@@ -132,3 +132,12 @@ def test_the_embedded_model_is_held_to_the_regex(custom: Client) -> None:
                              tool_choice={"type": "custom", "name": "answer"}, max_output_tokens=32)
     [call] = _items(response, "custom_tool_call")
     assert call["name"] == "answer" and call["input"] in ("yes", "no")
+
+
+def test_required_with_only_tools_that_cannot_be_offered_says_why(custom: Client) -> None:
+    error = custom.error({"model": "scripted-text", "input": "x", "tool_choice": "required",
+                          "tools": [LARK, {"type": "web_search"}]}, 400)
+    assert error["param"] == "tool_choice"
+    assert "'custom', 'web_search'" in error["message"] and "lark" in error["message"], error
+    bare = custom.error({"model": "scripted-text", "input": "x", "tool_choice": "required"}, 400)
+    assert "no tools were given" in bare["message"]

@@ -106,6 +106,18 @@ class SqliteDatabase(Database):
             connection.close()
             raise
 
+    def checkpoint(self) -> None:
+        """Copy what the WAL holds into the database file, as far as no reader's snapshot
+        needs it (``PRAGMA wal_checkpoint(PASSIVE)``: it waits for no reader), on the
+        writer's connection between two transactions; the next transaction then starts
+        the WAL over. Called only in the writer thread (``ThreadGroupCommit``)."""
+        connection = self._writing
+        if connection is None:
+            connection = self._writing = self._writer_engine.connect()
+            self._flushing = None
+        connection.connection.driver_connection.execute(  # type: ignore[union-attr]
+            "PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
     def close_writer(self) -> None:
         """Close the writer thread's connection (in that thread, as it ends)."""
         if self._writing is not None:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import Connection
 
 from app.errors import PreviousResponseNotFound
 from app.store.base import StoreConflict
+from app.store.engines import SQLITE_PRAGMAS, sqlite_url
+from app.store.group_commit import CHECKPOINT_EVERY, ThreadGroupCommit
 from app.store.sql import SqlResponseStore
 from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_response
@@ -186,3 +190,28 @@ async def test_only_starts_go_unflushed(store: SqlResponseStore, tenant: str,
     assert await store.delete(tenant, one.id)
     deleted = seen()
     assert deleted and all(deleted)
+
+
+async def test_sqlite_commits_never_checkpoint_and_the_writer_keeps_the_wal_short(
+    tmp_path: Path, tenant: str
+) -> None:
+    path = tmp_path / "ors.db"
+    store = SqlResponseStore(sqlite_url(path), secrets.token_hex(8))
+    await store.open()
+    try:
+        group = store._group
+        assert isinstance(group, ThreadGroupCommit)
+        for _ in range(6 * CHECKPOINT_EVERY):  # one commit each, about 49 KB of WAL
+            one = new_response(tenant)
+            output = [assistant_message("done " * 50)]
+            await store.record(one, final(one, output), output, events_of(one.id))
+        assert group.checkpoints >= 5
+        # started over after each checkpoint, the WAL holds at most the commits since the
+        # last one: 384 commits without a restart made it 18.8 MB
+        assert path.with_name("ors.db-wal").stat().st_size < 6_000_000
+        assert await store.get(tenant, one.id) is not None
+        with sqlite3.connect(path) as connection:
+            connection.execute(SQLITE_PRAGMAS[-1])  # the setting every connection of the store gets
+            assert connection.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+    finally:
+        await store.close()

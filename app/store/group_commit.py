@@ -95,6 +95,10 @@ class Writes(Protocol):
     batches: int
     """Transactions committed (for tests and benchmarks: writes per commit)."""
 
+    beside_loop: bool
+    """Whether writes run on a thread of their own, beside the event loop (SQLite's
+    writer), rather than on the loop (PostgreSQL's, in ``run_sync``'s greenlet)."""
+
     async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         """Run ``work`` in a write transaction; its result once that has committed.
         ``flush=False``: the commit need not be on disk yet, only visible and safe from
@@ -105,6 +109,8 @@ class Writes(Protocol):
 
 
 class GroupCommit:
+    beside_loop = False
+
     def __init__(self, database: PostgresDatabase, *, writers: int = 1, max_batch: int = 128) -> None:
         self._database = database
         self._max_batch = max_batch
@@ -182,6 +188,8 @@ def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseExcep
 
 class ThreadGroupCommit:
     """Group commit in SQLite's one writer thread (see the module's contract)."""
+
+    beside_loop = True
 
     def __init__(self, database: SqliteDatabase, *, max_batch: int = 128) -> None:
         self._database = database

@@ -66,7 +66,7 @@ from app.store.cancels import (
     PostgresCancelNotices,
     encode_notice,
 )
-from app.store.codec import pack_events, unpack_events
+from app.store.codec import packer, unpack_events
 from app.store.direct import Direct
 from app.store.group_commit import GroupCommit, ThreadGroupCommit, Writes
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
@@ -222,7 +222,7 @@ class SqlResponseStore(ResponseStore):
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
-        work = _finish_work(tenant, response_id, resource, output_items, await pack_events(events))
+        work = _finish_work(tenant, response_id, resource, output_items, await self._packer(events))
         return await self._write(work)
 
     async def record(
@@ -237,11 +237,11 @@ class SqlResponseStore(ResponseStore):
         begin = self._begin_work(response, final={"status": status, "resource": resource, "finished_at": now,
                                                   "updated_at": now},
                                  output_items=output_items)
-        body = await pack_events(events)
+        body = await self._packer(events)
 
         def work(connection: Connection) -> bool:
             begin(connection)
-            _INSERT_EVENTS.execute(connection, {"response_id": response.id, "body": body})
+            _INSERT_EVENTS.execute(connection, {"response_id": response.id, "body": body()})
             return True
 
         return await self._write(work)
@@ -415,6 +415,13 @@ class SqlResponseStore(ResponseStore):
                 log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
             return recovered
 
+    async def _packer(self, events: list[str]) -> Callable[[], bytes]:
+        """The body of ``events``, packed by the write itself where writes run beside
+        the event loop (:func:`app.store.codec.packer`)."""
+        if self._group is None:
+            raise RuntimeError("the store is not open")
+        return await packer(events, beside_loop=self._group.beside_loop)
+
     async def _write(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         """Run ``work`` in a write transaction, grouped with concurrent writes (see
         :mod:`app.store.group_commit`, also for ``flush``); the caller's cancellation
@@ -521,7 +528,7 @@ def _status(resource: Document) -> Any:
 
 
 def _finish_work(
-    tenant: str, response_id: str, resource: Document, output_items: list[JSON], body: bytes
+    tenant: str, response_id: str, resource: Document, output_items: list[JSON], body: Callable[[], bytes]
 ) -> Callable[[Connection], bool]:
     status = _status(resource)
     if status not in TERMINAL:
@@ -536,7 +543,7 @@ def _finish_work(
             raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
         if output_rows:
             _INSERT_ITEM.execute(connection, output_rows)
-        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body})
+        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
         now = _now_ms()
         _FINISH.execute(connection, {"b_id": response_id, "status": status, "resource": resource, "updated_at": now,
                                      "finished_at": now})

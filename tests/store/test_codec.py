@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from app.store.codec import INLINE_LIMIT, pack_events, pack_events_now, unpack_events, unpack_events_now
+from app.store.codec import INLINE_LIMIT, pack_events, pack_events_now, packer, unpack_events, unpack_events_now
 from app.store.schema import dumps_json
 
 pytestmark = pytest.mark.anyio
@@ -57,3 +57,16 @@ async def test_large_payloads_take_the_same_format_off_the_event_loop() -> None:
     packed = await pack_events(events)
     assert packed == pack_events_now(events)
     assert await unpack_events(packed) == events
+
+
+async def test_a_write_beside_the_loop_packs_small_payloads_itself() -> None:
+    """SQLite's writer thread packs a stored answer's events when it writes them (zlib
+    releases the GIL there); a write on the loop, or a large payload, gets them packed
+    before. Each way the body is the same."""
+    small, large = _events(40), _events(2000)
+    lazily = await packer(small, beside_loop=True)
+    assert lazily() == pack_events_now(small) and lazily() is not lazily()  # packed when called
+    for events, beside_loop in ((small, False), (large, True), (large, False)):
+        body = await packer(events, beside_loop=beside_loop)
+        assert body() is body()  # packed once, before the write
+        assert unpack_events_now(body()) == events

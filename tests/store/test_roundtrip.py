@@ -106,6 +106,25 @@ async def test_finishing_twice_is_a_conflict(store: SqlResponseStore, tenant: st
         await store.finish(tenant, begun.id, begun.resource, [], [])
 
 
+async def test_only_a_running_response_of_ones_own_is_finished(store: SqlResponseStore, tenant: str) -> None:
+    """The end is written only while the response runs: another tenant's is never begun
+    for this one; a deleted one's end writes nothing (and is no error)."""
+    begun = new_response(tenant)
+    await store.begin(begun)
+    with pytest.raises(StoreConflict):
+        await store.finish("someone-else", begun.id, final(begun, []), [], [])
+    assert await store.delete(tenant, begun.id) is True
+    assert await store.finish(tenant, begun.id, final(begun, [assistant_message("late")]),
+                              [assistant_message("late")], events_of(begun.id)) is False
+    assert await store.get(tenant, begun.id) is None
+    assert await store.events(tenant, begun.id) is None
+    other = new_response(tenant)
+    await store.begin(other)
+    assert await store.finish(tenant, other.id, final(other, []), [], events_of(other.id)) is True
+    stored = await store.get(tenant, other.id)
+    assert stored is not None and stored.status == "completed"
+
+
 async def test_beginning_an_id_twice_is_a_conflict(store: SqlResponseStore, tenant: str) -> None:
     begun = new_response(tenant)
     await store.begin(begun)

@@ -22,11 +22,11 @@ kept, the least recently used dropped first.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app import jsontext
 from app.backends.base import ChatMessage
 
 LIMIT = 65_536
@@ -45,8 +45,9 @@ instructions' system message."""
 
 
 def dumps(value: Any) -> str:
-    """Compact JSON, non-ASCII kept as it is: what every upstream body is made of."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    """Compact JSON, non-ASCII kept as it is (:func:`app.jsontext.dumps`): what every
+    upstream body is made of."""
+    return jsontext.dumps(value)
 
 
 class MessageJson:

@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from app import jsontext
 from app.backends.base import Backend, ModelInfo
 from app.backends.chat_errors import error_for_status, upstream_errors
 from app.errors import ORSError
@@ -110,8 +111,7 @@ class HttpUpstream(Backend):
         """``POST`` ``payload`` as JSON (or JSON already encoded) asking for an event
         stream; the response, whose body the caller reads (``content.iter_any()``).
         Leaving the block before the end of the body closes the connection."""
-        body = payload if isinstance(payload, bytes) else json.dumps(payload, ensure_ascii=False,
-                                                                      separators=(",", ":")).encode()
+        body = payload if isinstance(payload, bytes) else jsontext.dumps_bytes(payload)
         headers = {**self._headers, "Accept": "text/event-stream", "Content-Type": "application/json"}
         async with self._http().post(url, data=body, headers=headers, allow_redirects=False) as response:
             yield response

@@ -43,6 +43,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
+from app.jsontext import dumps
+
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
     "uq": "uq_%(table_name)s_%(column_0_N_name)s",
@@ -55,14 +57,10 @@ metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
 def dumps_json(value: Any) -> str:
-    """Compact JSON text. Non-ASCII characters are kept as they are unless the text could
-    not be encoded as UTF-8 (a lone surrogate): then everything is escaped."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(value, separators=(",", ":"))
-    return text
+    """Compact JSON text (:func:`app.jsontext.dumps`). Non-ASCII characters are kept as
+    they are unless the text could not be encoded as UTF-8 (a lone surrogate): then
+    everything is escaped."""
+    return dumps(value)
 
 
 class Serialized(str):

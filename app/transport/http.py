@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app import jsontext
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
@@ -256,9 +257,7 @@ def _not_found(response_id: str) -> NotFound:
 
 
 def _dumps(value: Any) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return jsontext.dumps(value)
 
 
 def _json(response: ResponseResource) -> Response:

@@ -181,13 +181,17 @@ class Engine:
                                  param="include")
         stores = body.store is not False and self.store is not None
         tools_json = [tool.model_dump(mode="json") for tool in initial.tools]
-        inputs_stored = [stored_form(item) for item in new_items]
+
+        @functools.cache
+        def inputs_stored() -> list[dict[str, Any]]:  # once, and only if needed (Turn.input_items)
+            return [stored_form(item) for item in new_items]
+
         on_recorded = None
         if stores and self.history_cache is not None:
             cache, response_id = self.history_cache, initial.id
 
             def on_recorded(output: list[dict[str, Any]]) -> None:
-                cache.remember(tenant, response_id, past, tools_json, [*inputs_stored, *output], sealed=sealed)
+                cache.remember(tenant, response_id, past, tools_json, [*inputs_stored(), *output], sealed=sealed)
 
         return Turn(
             body=body,

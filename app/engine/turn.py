@@ -119,7 +119,7 @@ class Turn:
         initial: ResponseResource,
         tenant: str,
         store: ResponseStore | None,
-        input_items: list[dict[str, Any]],
+        input_items: Callable[[], list[dict[str, Any]]],
         tools: list[dict[str, Any]],
         error_events: bool = True,
         seal_reasoning: Callable[[str], str] | None = None,
@@ -135,7 +135,7 @@ class Turn:
         self.initial = initial
         self.tenant = tenant
         self.store = store
-        self.input_items = input_items
+        self._input_items = input_items
         self.tools = tools
         self.builder = ResponseBuilder(
             initial,
@@ -172,6 +172,14 @@ class Turn:
     @property
     def id(self) -> str:
         return self.initial.id
+
+    @property
+    def input_items(self) -> list[dict[str, Any]]:
+        """The request's input items in stored form, ids assigned. Made when first asked
+        for (``input_items`` returns the same list each time): a response neither stored
+        nor continued on a WebSocket never needs them, and an agent's conversation sent
+        whole is a hundred items or more."""
+        return self._input_items()
 
     @property
     def response(self) -> ResponseResource:

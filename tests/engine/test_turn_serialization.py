@@ -97,3 +97,38 @@ async def test_a_background_turn_serializes_each_of_its_three_snapshots_once(
         "response.created", "response.queued", "response.in_progress", "response.completed"]
     assert len(dumps) == 3  # queued (record, created, queued), in_progress (record, event), the end
     assert stored is not None and stored.status == "completed"
+
+
+@pytest.mark.parametrize("store", [True, False])
+async def test_input_items_take_their_stored_form_only_when_needed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   store: bool) -> None:
+    """An answer that is not stored never needs its input items' stored form (an agent
+    sends a hundred or more); a stored one makes it once, and keeps the ids it gave."""
+    import app.engine.engine as engine_module
+
+    made: list[object] = []
+    original = engine_module.stored_form
+
+    def counting(item: object) -> dict[str, Any]:
+        made.append(item)
+        return original(item)
+
+    monkeypatch.setattr(engine_module, "stored_form", counting)
+    database = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance") if store else None
+    if database is not None:
+        await database.open()
+    try:
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hi")})], "m"), store=database)
+        conversation = [{"role": "user", "content": f"message {i}"} for i in range(3)]
+        turn = await engine.prepare({"model": "m", "input": conversation, "store": store}, tenant="t",
+                                    history=NoHistory())
+        await turn.run()
+        assert len(made) == (3 if store else 0)
+        items = turn.input_items
+        assert turn.input_items is items and len(made) == 3 and len(items) == 3
+        if database is not None:
+            page = await database.input_items("t", turn.id, limit=10, order="asc", after=None)
+            assert page is not None and [item["id"] for item in page.data] == [item["id"] for item in items]
+    finally:
+        if database is not None:
+            await database.close()

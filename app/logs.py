@@ -9,6 +9,7 @@ it. Log lines name ids, sizes, codes and reasons; user text and keys are never l
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -48,9 +49,84 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(level: str, fmt: LogFormat) -> None:
+FLUSH_SECONDS = 0.5
+"""How long an info line may wait in a :class:`BufferedStreamHandler`'s buffer."""
+FLUSH_BYTES = 64 * 1024
+"""How much a :class:`BufferedStreamHandler` holds before it writes."""
+
+
+class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that writes its lines in bulk: a warning or an error at once,
+    with every line before it; info lines (one access line per request) when
+    :data:`FLUSH_BYTES` have gathered, or :data:`FLUSH_SECONDS` after the first of them
+    (a timer on the event loop of the thread that logged it; a line logged outside a
+    loop is written at once), and at exit (``logging.shutdown``).
+
+    Why: each write to stderr is a system call that lets go of the GIL, and when SQLite's
+    writer thread is waiting for it (any stored response under load), the event loop
+    then waits to take it back, about 0.1 ms. One write per request's access line cost
+    stored JSON answers 8% of their throughput at concurrency 16 (ten interleaved
+    rounds, with the access log against without). What a ``kill -9`` can lose is the
+    last half second of info lines, as with nginx's ``buffer=`` and ``flush=``."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._lines: list[str] = []
+        self._size = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:  # called holding the handler's lock
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:  # noqa: BLE001 - logging's own rule: report, never raise
+            self.handleError(record)
+            return
+        self._lines.append(line)
+        self._size += len(line)
+        if record.levelno >= logging.WARNING or self._size >= FLUSH_BYTES:
+            self._write()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._write()
+                return
+            self._timer = loop.call_later(FLUSH_SECONDS, self.flush)
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            self._write()
+        finally:
+            self.release()
+
+    def _write(self) -> None:
+        # a pending timer is left to fire on an empty buffer: cancelling it from another
+        # thread (a warning logged off the loop) would not be safe
+        self._timer = None
+        if not self._lines or self.stream is None:
+            return
+        text = "".join(self._lines)
+        self._lines.clear()
+        self._size = 0
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except Exception:  # noqa: BLE001 - as StreamHandler: a log that cannot be written is dropped
+            pass
+
+
+def flush() -> None:
+    """Write what the root logger's handlers hold (a test reading the log, a shutdown)."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+
+
+def configure(level: str, fmt: LogFormat, *, buffered: bool = False) -> None:
     """Route every logger (uvicorn's included) through one handler on stderr; ``level``
-    applies to ours and uvicorn's, other libraries log warnings and errors only."""
+    applies to ours and uvicorn's, other libraries log warnings and errors only.
+    ``buffered``: a server's handler, which writes info lines in bulk
+    (:class:`BufferedStreamHandler`)."""
     # What no line of ours shows is not gathered for every record (the logging HOWTO's
     # "Optimization"): the caller's frame, thread, process and multiprocessing names.
     # Every request writes an access line; this is a fifth of its cost (7 -> 5.5 us).
@@ -58,7 +134,7 @@ def configure(level: str, fmt: LogFormat) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    handler = logging.StreamHandler()
+    handler = BufferedStreamHandler() if buffered else logging.StreamHandler()
     handler.addFilter(_RequestId())
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
     wanted = logging.getLevelName(level.upper())

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from app import logs
 from app.config import Settings
 from app.transport.drain import Drain
 from app.transport.receipt import ReceiptDeadlineProtocol
@@ -52,3 +55,14 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.drain.begin()
         super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's, with the log written out once the server has finished: the signal
+        that stopped it is raised again on the way out, and ends the process before
+        exit handlers could write what the log holds (:class:`app.logs.BufferedStreamHandler`)."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                logs.flush()

@@ -1,9 +1,11 @@
-"""Logs of a real ``ors serve`` process: JSON lines, request ids, nothing secret."""
+"""Logs of a real ``ors serve`` process: JSON lines, request ids, nothing secret; lines
+written in bulk, yet within a second of the request."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,3 +61,20 @@ def test_json_lines_with_request_ids_and_no_secrets(process: ServerProcess, tmp_
     assert '"POST /v1/responses HTTP/1.1" 401 ' in str(access[-1]["message"])
     assert not [line for line in lines if line["logger"] == "uvicorn.access"]  # not twice
     assert KEY not in log and "PELICAN-7731" not in log
+
+
+def test_an_access_line_is_written_within_a_second_while_serving(tmp_path: Path) -> None:
+    """Info lines wait in the server's buffer for half a second at most: the line of a
+    request reaches the log while the server goes on serving (not only at its exit)."""
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
+    try:
+        reply = httpx.get(f"{server.url}/healthz", headers={"x-request-id": "soon-1"}, timeout=10)
+        assert reply.status_code == 200
+        deadline = time.monotonic() + 5
+        while "[soon-1]" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        line = next(line for line in server.log().splitlines() if "[soon-1]" in line)
+        assert ' "GET /healthz HTTP/1.1" 200 ' in line
+        assert server.process is not None and server.process.poll() is None
+    finally:
+        server.kill()

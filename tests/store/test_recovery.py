@@ -151,7 +151,6 @@ async def _lock_holder(watcher: SqlResponseStore, store: SqlResponseStore) -> in
             "AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = :key"), {"key": _key(store)})
 
 
-
 async def test_kill_9_before_finish(database_url: str, new_store: NewStore, tenant: str) -> None:
     """A server process killed mid-response: after a restart the response is failed,
     the database is consistent, and what was finished before is intact."""

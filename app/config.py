@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
@@ -119,6 +119,10 @@ class Settings(BaseSettings):
     listens on a loopback address (a guard against DNS rebinding)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """The largest request body, and the largest WebSocket message (413 ``request_too_large``)."""
+    max_body_bytes_in_flight: int = Field(default=8 * DEFAULT_MAX_BODY_BYTES, ge=0)
+    """The bytes of all HTTP request bodies held at once, each from its headers until its
+    response is over; a body that would pass it is 429 ``server_busy`` with
+    ``Retry-After``. At least ``max_body_bytes``; 0: no bound."""
     request_read_timeout: float = Field(default=30.0, ge=0)
     """Seconds a client has to begin a new connection's first request and to complete a
     request's headers, and may go silent while sending its body; past it the connection
@@ -172,6 +176,15 @@ class Settings(BaseSettings):
             max_tools=self.max_tools,
             schema=SchemaLimits(max_bytes=self.max_schema_bytes, max_depth=self.max_schema_depth),
         )
+
+    @field_validator("max_body_bytes_in_flight")
+    @classmethod
+    def _holds_one_body(cls, value: int, info: ValidationInfo) -> int:
+        largest = info.data.get("max_body_bytes")
+        if value and largest is not None and value < largest:
+            raise ValueError(f"must be 0 (no bound) or at least ORS_MAX_BODY_BYTES ({largest}), "
+                             "or a body of the largest size could never be received")
+        return value
 
     @field_validator("model_aliases", mode="before")
     @classmethod

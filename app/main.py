@@ -259,6 +259,7 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
         allowed_hosts=settings.allowed_hosts,
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
+        max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
     )
     if settings.allowed_origins:
         app.add_middleware(

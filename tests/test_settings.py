@@ -66,3 +66,13 @@ def test_an_unusable_key_entry_is_a_clear_error() -> None:
                             env={**os.environ, "ORS_API_KEYS": "key-x:abc"})
     assert result.returncode == 2
     assert "reserved" in result.stderr and "Traceback" not in result.stderr and "abc" not in result.stderr
+
+
+def test_a_body_budget_smaller_than_one_body_is_a_clear_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--max-body-bytes", "1000",
+                             "--max-body-bytes-in-flight", "999"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "--max-body-bytes-in-flight / ORS_MAX_BODY_BYTES_IN_FLIGHT" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert settings_from(build_parser().parse_args(["serve", "--max-body-bytes-in-flight", "0"])) \
+        .max_body_bytes_in_flight == 0

@@ -30,6 +30,15 @@ In order, each refusal an :mod:`app.errors` error rendered by
    raises) as soon as it passes the limit, so no more than the limit is ever handed on.
    413 ``request_too_large``. WebSocket messages are bounded by the server itself
    (uvicorn's ``ws_max_size``, set to the same limit by :mod:`app.serve`).
+5. **Bodies in flight** (:class:`BodyBudget`): the bytes of all HTTP request bodies
+   the server holds at once are bounded by ``ORS_MAX_BODY_BYTES_IN_FLIGHT``. A body is
+   counted from its headers (its Content-Length, before a byte of it is read; a
+   chunked body as it arrives) until its response is over, as a request's body and what
+   is parsed from it live as long as its response. One that would pass the bound is
+   429 ``server_busy`` with ``Retry-After: 1``, which SDKs retry. Without it, fifty
+   clients each sending a body at the 32 MiB limit made the server hold 1.6 GB of raw
+   bodies at once, and several times that once parsed: a few more clients, and the
+   kernel ends the process and every stream it serves.
 
 Cost on the hot path: one pass over the header list and a few byte comparisons; the
 receive channel is wrapped only for a chunked body.
@@ -47,7 +56,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from app.errors import Forbidden, ORSError, PayloadTooLarge, UnsupportedMediaType
+from app.errors import Forbidden, ORSError, PayloadTooLarge, TooManyRequests, UnsupportedMediaType
 from app.transport.errors import error_response
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
@@ -94,8 +103,10 @@ class Guards:
         allowed_hosts: Iterable[str],
         allowed_origins: Iterable[str],
         max_body_bytes: int,
+        max_body_bytes_in_flight: int = 0,
     ) -> None:
         self.app = app
+        self.bodies = BodyBudget(max_body_bytes_in_flight)
         self.check_host = is_loopback(bind_host)
         self.hosts = LOOPBACK_NAMES | {name.strip().lower().encode("idna") for name in allowed_hosts if name.strip()}
         origins = {_origin(origin) for origin in allowed_origins if origin.strip()}
@@ -131,7 +142,8 @@ class Guards:
             content_type is not None or chunked or (length is not None and length != b"0")
         ):
             error = _content_type_error(content_type) or _content_encoding_error(encoding)
-        if error is None and length is not None and _declared(length) > self.max_body_bytes:
+        size = _declared(length) if length is not None else 0
+        if error is None and size > self.max_body_bytes:
             error = self._too_large()
         if error is not None:
             await error_response(error)(scope, receive, send)
@@ -139,12 +151,22 @@ class Guards:
         if not chunked or length is not None:
             # a Content-Length body cannot grow past its declared length (the server
             # enforces it), so only a chunked body needs counting
-            await self.app(scope, receive, send)
+            if not size:
+                await self.app(scope, receive, send)
+                return
+            if not self.bodies.take(size):
+                await error_response(self.bodies.full())(scope, receive, send)
+                return
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.bodies.give_back(size)
             return
         await self._counted(scope, receive, send)
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.max_body_bytes
+        bodies = self.bodies
         received = 0
         started = False
 
@@ -152,9 +174,12 @@ class Guards:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
+                size = len(message.get("body", b""))
+                if received + size > limit:
                     raise self._too_large()
+                if not bodies.take(size):
+                    raise bodies.full()
+                received += size
             return message
 
         async def watching_send(message: Any) -> None:
@@ -164,10 +189,12 @@ class Guards:
 
         try:
             await self.app(scope, counting_receive, watching_send)
-        except PayloadTooLarge as error:
+        except (PayloadTooLarge, TooManyRequests) as error:
             if started:
                 raise
             await error_response(error)(scope, receive, send)
+        finally:
+            bodies.give_back(received)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         host = origin = None
@@ -208,6 +235,32 @@ class Guards:
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"The request body is larger than {self.max_body_bytes} bytes (ORS_MAX_BODY_BYTES).")
+
+
+class BodyBudget:
+    """The bytes of request bodies held at once, bounded by ``limit`` (0: no bound); see
+    the module docstring. Used by the event loop's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes as held, if the bound allows it."""
+        if self.limit and self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
+
+    def full(self) -> TooManyRequests:
+        return TooManyRequests(
+            f"The server already holds {self.held:,} bytes of request bodies, and this one would pass its bound of "
+            f"{self.limit:,} (ORS_MAX_BODY_BYTES_IN_FLIGHT). Retry shortly.",
+            code="server_busy",
+        )
 
 
 def _declared(length: bytes) -> int:

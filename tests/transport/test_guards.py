@@ -177,6 +177,101 @@ def test_a_chunked_body_is_counted_while_read(guarded: LiveServer) -> None:
     _error(big, 413, "request_too_large")
 
 
+# -- bodies in flight ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def budgeted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, Gate]]:
+    """Room for two bodies of the largest size at once; a model that waits for its gate."""
+    gate = Gate()
+    server = _server(tmp_path_factory.mktemp("budget"), gate, max_body_bytes=LIMIT,
+                     max_body_bytes_in_flight=2 * LIMIT)
+    yield server, gate
+    gate.event.set()
+    server.stop()
+
+
+def _holding(server: LiveServer, length: int = LIMIT) -> socket.socket:
+    """A request whose headers declare ``length`` bytes and whose body has only begun."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n{" % length)
+    return sock
+
+
+def _admitted_soon(server: LiveServer) -> httpx.Response:
+    """A body of the largest size, sent again while the server refuses it as busy (the
+    bytes of a request that ended are given back once its handler has returned)."""
+    for _ in range(100):
+        reply = httpx.post(server.url + "/v1/responses", content=_padded(LIMIT),
+                           headers={"Content-Type": "application/json"})
+        if reply.status_code != 429:
+            return reply
+        threading.Event().wait(0.05)
+    return reply
+
+
+def test_bodies_past_the_bound_are_busy_until_one_ends(budgeted: tuple[LiveServer, Gate]) -> None:
+    """Two bodies of the largest size, still arriving, take all the room: a third
+    request, however small, is 429 ``server_busy`` with ``Retry-After``; a client that
+    leaves gives its room back."""
+    server, _ = budgeted
+    first, second = _holding(server), _holding(server)
+    try:
+        busy = httpx.post(server.url + "/v1/responses", content=BODY, headers={"Content-Type": "application/json"})
+        error = _error(busy, 429, "server_busy")
+        assert busy.headers["retry-after"] == "1" and "ORS_MAX_BODY_BYTES_IN_FLIGHT" in error["message"]
+        chunked = httpx.post(server.url + "/v1/responses", content=_chunks(_padded(LIMIT)),
+                             headers={"Content-Type": "application/json"})
+        assert chunked.request.headers.get("transfer-encoding") == "chunked"
+        _error(chunked, 429, "server_busy")  # counted as its chunks arrive
+        first.close()
+        reply = _admitted_soon(server)
+        assert reply.status_code == 200, reply.text
+        check_response(reply.json())
+    finally:
+        first.close()
+        second.close()
+    assert _admitted_soon(server).status_code == 200
+
+
+def test_a_stream_holds_its_body_until_it_ends(budgeted: tuple[LiveServer, Gate]) -> None:
+    """What a request's body became lives as long as its response: two streams waiting
+    on their model hold the room; once they end, it is free."""
+    server, gate = budgeted
+    body = json.dumps({"model": "gated", "input": "x" * (LIMIT - 200), "stream": True}).encode()
+    replies: list[int] = []
+    ended: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", server.url + "/v1/responses", content=body, timeout=60,
+                          headers={"Content-Type": "application/json"}) as reply:
+            replies.append(reply.status_code)
+            events = [json.loads(line[6:]) for line in reply.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        check_stream(events, expect_done=False)
+        ended.append(events[-1]["type"])
+
+    streams = [threading.Thread(target=stream) for _ in range(2)]
+    for thread in streams:
+        thread.start()
+    try:
+        for _ in range(200):
+            if len(replies) == 2:
+                break
+            threading.Event().wait(0.02)
+        assert replies == [200, 200]
+        big = httpx.post(server.url + "/v1/responses", content=_padded(LIMIT),
+                         headers={"Content-Type": "application/json"})
+        _error(big, 429, "server_busy")
+    finally:
+        gate.event.set()
+        for thread in streams:
+            thread.join(60)
+    assert ended == ["response.completed", "response.completed"]
+    assert _admitted_soon(server).status_code == 200
+
+
 def test_a_websocket_message_over_the_limit_closes_with_1009(guarded: LiveServer) -> None:
     with connect(_ws(guarded), open_timeout=10) as ws:
         ws.send(json.dumps({"type": "response.create", "model": "scripted-text", "input": "x" * LIMIT}))

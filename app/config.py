@@ -120,9 +120,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
     """The largest request body, and the largest WebSocket message (413 ``request_too_large``)."""
     max_body_bytes_in_flight: int = Field(default=8 * DEFAULT_MAX_BODY_BYTES, ge=0)
-    """The bytes of all HTTP request bodies held at once, each from its headers until its
-    response is over; a body that would pass it is 429 ``server_busy`` with
-    ``Retry-After``. At least ``max_body_bytes``; 0: no bound."""
+    """The bytes of all HTTP request bodies a server process (each worker) holds at once,
+    each from its headers until its response is over; a body that would pass it is 429
+    ``server_busy`` with ``Retry-After``. At least ``max_body_bytes``; 0: no bound."""
     request_read_timeout: float = Field(default=30.0, ge=0)
     """Seconds a client has to begin a new connection's first request and to complete a
     request's headers, and may go silent while sending its body; past it the connection

@@ -28,7 +28,7 @@ from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
-from app.transport.guards import Cors, Guards, exposure_problem, is_loopback
+from app.transport.guards import BodyBudget, Cors, Guards, exposure_problem, is_loopback
 from app.transport.http import install_routes
 from app.transport.ratelimit import rate_limiter
 from app.upstreams_config import UpstreamSpec
@@ -253,13 +253,14 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
     """The exposure guards around the app, and CORS outside them (so that a refusal
     still carries its CORS headers and a browser can read it); CORS only when origins
     are configured."""
+    app.state.bodies = BodyBudget(settings.max_body_bytes_in_flight)  # HTTP bodies and WebSocket frames
     app.add_middleware(
         Guards,
         bind_host=settings.host,
         allowed_hosts=settings.allowed_hosts,
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
-        max_body_bytes_in_flight=settings.max_body_bytes_in_flight,
+        bodies=app.state.bodies,
     )
     if settings.allowed_origins:
         app.add_middleware(

@@ -35,7 +35,10 @@ In order, each refusal an :mod:`app.errors` error rendered by
    counted from its headers (its Content-Length, before a byte of it is read; a
    chunked body as it arrives) until its response is over, as a request's body and what
    is parsed from it live as long as its response. One that would pass the bound is
-   429 ``server_busy`` with ``Retry-After: 1``, which SDKs retry. Without it, fifty
+   429 ``server_busy`` with ``Retry-After: 1``, which SDKs retry; a WebSocket
+   ``response.create`` frame counts the same way while it waits and while its turn runs
+   (:mod:`app.transport.websocket`), and one past the bound is answered with that error
+   and dropped. Without it, fifty
    clients each sending a body at the 32 MiB limit made the server hold 1.6 GB of raw
    bodies at once, and several times that once parsed: a few more clients, and the
    kernel ends the process and every stream it serves.
@@ -103,10 +106,10 @@ class Guards:
         allowed_hosts: Iterable[str],
         allowed_origins: Iterable[str],
         max_body_bytes: int,
-        max_body_bytes_in_flight: int = 0,
+        bodies: BodyBudget | None = None,
     ) -> None:
         self.app = app
-        self.bodies = BodyBudget(max_body_bytes_in_flight)
+        self.bodies = bodies if bodies is not None else BodyBudget(0)
         self.check_host = is_loopback(bind_host)
         self.hosts = LOOPBACK_NAMES | {name.strip().lower().encode("idna") for name in allowed_hosts if name.strip()}
         origins = {_origin(origin) for origin in allowed_origins if origin.strip()}

@@ -56,6 +56,7 @@ from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import error_response
+from app.transport.guards import BodyBudget
 from app.transport.ratelimit import RateLimiter
 
 log = logging.getLogger("ors.websocket")
@@ -99,8 +100,11 @@ class ConnectionHistory(HistorySource):
 
 class Connection:
     def __init__(self, socket: WebSocket, engine: Engine, tenant: str, live: LiveTurns, drain: Drain,
-                 max_seconds: float, max_queued: int, limiter: RateLimiter) -> None:
+                 max_seconds: float, max_queued: int, limiter: RateLimiter, bodies: BodyBudget | None = None) -> None:
         self.socket = socket
+        self.bodies = bodies if bodies is not None else BodyBudget(0)
+        """Counts each frame's characters from its arrival until its turn is over (the
+        server's bound on request bodies in flight, ``ORS_MAX_BODY_BYTES_IN_FLIGHT``)."""
         self.limiter = limiter
         self.engine = engine
         self.tenant = tenant
@@ -110,7 +114,7 @@ class Connection:
         fallback = StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None else NoHistory()
         self.history = ConnectionHistory(fallback)
         self.max_queued = max_queued
-        self.frames: asyncio.Queue[str | None] = asyncio.Queue()
+        self.frames: asyncio.Queue[tuple[str | None, int]] = asyncio.Queue()
         self.waiting = 0
         """Frames in the queue."""
         self.busy = False
@@ -135,6 +139,8 @@ class Connection:
             for task in (reader, worker, limit):
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+            while not self.frames.empty():  # frames that never ran give their room back
+                self.bodies.give_back(self.frames.get_nowait()[1])
 
     async def _read(self) -> None:
         try:
@@ -149,8 +155,12 @@ class Connection:
                 text = message.get("text")
                 if text is None and message.get("bytes") is not None:
                     text = message["bytes"].decode("utf-8", errors="replace")
+                size = len(text) if text is not None else 0
+                if not self.bodies.take(size):
+                    await self._send(self.bodies.full().websocket_envelope())
+                    continue
                 self.waiting += 1
-                self.frames.put_nowait(text)
+                self.frames.put_nowait((text, size))
         except WebSocketDisconnect:
             return
 
@@ -187,13 +197,14 @@ class Connection:
 
     async def _work(self) -> None:
         while True:
-            frame = await self.frames.get()
+            frame, size = await self.frames.get()
             self.waiting -= 1
             self.busy = True
             try:
                 await self._turn(frame)
             finally:
                 self.busy = False
+                self.bodies.give_back(size)
             if self.closing is not None:
                 return
 
@@ -294,6 +305,6 @@ async def responses_socket(socket: WebSocket) -> None:
     settings = state.settings
     connection = Connection(
         socket, state.engine, tenant, state.live, state.drain, settings.ws_max_connection_seconds,
-        settings.ws_max_queued_frames, state.limiter,
+        settings.ws_max_queued_frames, state.limiter, state.bodies,
     )
     await connection.serve()

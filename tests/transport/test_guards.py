@@ -239,6 +239,7 @@ def test_a_stream_holds_its_body_until_it_ends(budgeted: tuple[LiveServer, Gate]
     """What a request's body became lives as long as its response: two streams waiting
     on their model hold the room; once they end, it is free."""
     server, gate = budgeted
+    gate.event.clear()
     body = json.dumps({"model": "gated", "input": "x" * (LIMIT - 200), "stream": True}).encode()
     replies: list[int] = []
     ended: list[str] = []
@@ -269,6 +270,41 @@ def test_a_stream_holds_its_body_until_it_ends(budgeted: tuple[LiveServer, Gate]
         for thread in streams:
             thread.join(60)
     assert ended == ["response.completed", "response.completed"]
+    assert _admitted_soon(server).status_code == 200
+
+
+def test_websocket_frames_count_until_their_turn_ends(budgeted: tuple[LiveServer, Gate]) -> None:
+    """A ``response.create`` frame holds its room while its turn runs, as a body does: with
+    two large turns waiting on their model, a third connection's frame is answered with
+    ``server_busy`` and dropped, and the connection stays usable; once the turns end,
+    the room is free."""
+    server, gate = budgeted
+    gate.event.clear()
+    large = json.dumps({"type": "response.create", "model": "gated", "input": "x" * (LIMIT - 200)})
+    small = json.dumps({"type": "response.create", "model": "scripted-text", "input": "x"}).ljust(400)
+    assert 2 * len(large) + len(small) > 2 * LIMIT
+    with connect(_ws(server), open_timeout=10) as one, connect(_ws(server), open_timeout=10) as two, \
+            connect(_ws(server), open_timeout=10) as three:
+        held = []
+        for ws in (one, two):
+            ws.send(large)
+            held.append([json.loads(ws.recv(timeout=30)) for _ in range(2)])  # created, in_progress
+        three.send(small)
+        refused = json.loads(three.recv(timeout=30))
+        validate_ws_error(refused)
+        assert refused["status"] == 429 and refused["error"]["code"] == "server_busy"
+        gate.event.set()
+        for ws, first in zip((one, two), held, strict=True):
+            final = check_stream([*first, *_rest_of_turn(ws)], expect_done=False, transport="websocket")
+            assert final["status"] == "completed"
+        for _ in range(100):  # the turns' room is given back once their handlers return
+            three.send(small)
+            reply = json.loads(three.recv(timeout=30))
+            if reply.get("type") != "error":
+                break
+            threading.Event().wait(0.05)
+        final = check_stream([reply, *_rest_of_turn(three)], expect_done=False, transport="websocket")
+        assert final["status"] == "completed"
     assert _admitted_soon(server).status_code == 200
 
 

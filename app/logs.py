@@ -74,6 +74,7 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._lines: list[str] = []
         self._size = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
 
     def emit(self, record: logging.LogRecord) -> None:  # called holding the handler's lock
         try:
@@ -85,13 +86,18 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self._size += len(line)
         if record.levelno >= logging.WARNING or self._size >= FLUSH_BYTES:
             self._write()
-        elif self._timer is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self._write()
-                return
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._write()
+            return
+        timer = self._timer
+        # a timer is set unless one is pending on this loop (one set by a loop that has
+        # since stopped would never fire)
+        if timer is None or self._timer_loop is not loop or loop.time() > timer.when() + FLUSH_SECONDS:
             self._timer = loop.call_later(FLUSH_SECONDS, self.flush)
+            self._timer_loop = loop
 
     def flush(self) -> None:
         self.acquire()

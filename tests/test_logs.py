@@ -77,3 +77,22 @@ async def test_a_full_buffer_and_a_flush_write_at_once(logged, monkeypatch: pyte
     logger.info("last")
     handler.flush()
     assert stream.getvalue().endswith("INFO last\n")
+
+
+def test_a_loop_that_stopped_leaves_no_line_behind(logged, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A line whose timer was set by a loop that stopped before it fired goes out with
+    the next loop's timer."""
+    monkeypatch.setattr(logs, "FLUSH_SECONDS", 0.05)
+    logger, stream, _ = logged
+
+    async def log_and_leave() -> None:
+        logger.info("from the first loop")
+
+    async def log_and_wait() -> None:
+        logger.info("from the second")
+        await asyncio.sleep(0.3)
+
+    asyncio.run(log_and_leave())
+    assert stream.getvalue() == ""
+    asyncio.run(log_and_wait())
+    assert stream.getvalue() == "INFO from the first loop\nINFO from the second\n"

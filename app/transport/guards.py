@@ -38,10 +38,9 @@ In order, each refusal an :mod:`app.errors` error rendered by
    429 ``server_busy`` with ``Retry-After: 1``, which SDKs retry; a WebSocket
    ``response.create`` frame counts the same way while it waits and while its turn runs
    (:mod:`app.transport.websocket`), and one past the bound is answered with that error
-   and dropped. Without it, fifty
-   clients each sending a body at the 32 MiB limit made the server hold 1.6 GB of raw
-   bodies at once, and several times that once parsed: a few more clients, and the
-   kernel ends the process and every stream it serves.
+   and dropped. Without it, fifty clients each sending a body at the 32 MiB limit made
+   the server hold 1.6 GB of raw bodies at once, and several times that once parsed: a
+   few more clients, and the kernel ends the process and every stream it serves.
 
 Cost on the hot path: one pass over the header list and a few byte comparisons; the
 receive channel is wrapped only for a chunked body.

@@ -1,9 +1,11 @@
 """What a benchmark reads about a process from ``/proc`` (Linux): resident memory, CPU
-time, children."""
+time, children. The ``family_`` figures add up a process and every process under it
+(a server's store writer and workers are part of what it costs)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -22,6 +24,41 @@ def cpu_seconds(pid: int) -> float:
     of one clock tick, 10 ms: read it around blocks of many requests)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+
+
+def family_rss_mib(pid: int) -> float:
+    """Resident memory of a process and every process under it, MiB."""
+    return sum(_or_zero(rss_mib, one) for one in family(pid))
+
+
+def family_cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of every process under it that still runs (see
+    :func:`cpu_seconds`)."""
+    return sum(_or_zero(cpu_seconds, one) for one in family(pid))
+
+
+def family(pid: int) -> list[int]:
+    """``pid`` and every process under it."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, waiting = [], [pid]
+    while waiting:
+        one = waiting.pop()
+        found.append(one)
+        waiting += parents.get(one, [])
+    return found
+
+
+def _or_zero(read: Callable[[int], float], pid: int) -> float:
+    try:
+        return read(pid)
+    except (OSError, ValueError):  # it ended in between
+        return 0.0
 
 
 def children_named(parent: int, name: str) -> list[int]:

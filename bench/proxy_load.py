@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.procfs import cpu_seconds, rss_mib
+from bench.procfs import family_cpu_seconds, family_rss_mib
 from bench.wire import CHAT_PROBE, RESPONSES_PROBE, Connection, Exchange, Probe, post
 
 
@@ -56,7 +56,8 @@ class Samples:
 async def block(target: Target, fmt: str, concurrency: int, count: int) -> Samples:
     """``count`` requests of format ``fmt`` on ``concurrency`` kept-alive connections, each
     sent as soon as its connection's previous answer ended. The connections are opened
-    before the clock starts; the target's CPU time is read around the block."""
+    before the clock starts; the CPU time of the target and its processes (SQLite's writer,
+workers) is read around the block."""
     request = target.requests[fmt]
     connections = await asyncio.gather(*(Connection.open(target.port) for _ in range(concurrency)))
     samples = Samples()
@@ -71,11 +72,11 @@ async def block(target: Target, fmt: str, concurrency: int, count: int) -> Sampl
             _record(samples, await connection.exchange(request, target.probe))
         connection.close()
 
-    cpu = cpu_seconds(target.pid)
+    cpu = family_cpu_seconds(target.pid)
     started = time.perf_counter()
     await asyncio.gather(*(worker(connection) for connection in connections))
     samples.wall_s = time.perf_counter() - started
-    samples.cpu_s = cpu_seconds(target.pid) - cpu
+    samples.cpu_s = family_cpu_seconds(target.pid) - cpu
     return samples
 
 
@@ -100,17 +101,17 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
     """``count`` streaming requests through ors, all sent at once, for ``model`` (a stub
     model that holds each stream ``hold_s`` seconds after its first text). Counts the
     streams that received text, that ended with a terminal event (and which), and that
-    were cut without one; how many were open with text at the same moment; the server's
-    resident memory before, at its peak and after (sampled every 0.1 s)."""
+    were cut without one; how many were open with text at the same moment; the resident
+    memory of the server and its processes before, at its peak and after (sampled every 0.1 s)."""
     request = post(port, "/v1/responses", {"model": model, "input": "Hi", "stream": True})
-    baseline = rss_mib(pid)
+    baseline = family_rss_mib(pid)
     samples: list[tuple[float, float]] = []
     started = time.perf_counter()
     done = asyncio.Event()
 
     async def sample() -> None:
         while not done.is_set():
-            samples.append((time.perf_counter() - started, rss_mib(pid)))
+            samples.append((time.perf_counter() - started, family_rss_mib(pid)))
             await asyncio.sleep(0.1)
 
     async def one() -> Exchange:
@@ -149,7 +150,7 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
         "cut": count - ended, "errors": errors,
         "open_with_text_at_once": _open_at_once(exchanges, started, hold_s),
         "rss_mib_before": baseline, "rss_mib_peak": max((rss for _, rss in samples), default=baseline),
-        "rss_mib_after": rss_mib(pid), "rss_mib_timeline": [(round(t, 2), round(rss, 1)) for t, rss in samples],
+        "rss_mib_after": family_rss_mib(pid), "rss_mib_timeline": [(round(t, 2), round(rss, 1)) for t, rss in samples],
         "open_with_text_timeline": _open_timeline(exchanges, started, [t for t, _ in samples]),
     }
 

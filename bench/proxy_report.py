@@ -155,7 +155,7 @@ def _print(report: dict[str, Any]) -> None:
             print(f"{fmt + ' ' + label:18}{a['p50_ms']:+8.2f} {a['p99_ms']:+8.2f} {a['first_byte_ms']:+7.2f} {text}"
                   f"{c16['requests_per_s']:8.1f} ({a['share_c16']:5.1%}){c16['p99_ms']:8.1f}ms"
                   f"{c64['requests_per_s']:8.1f} ({a['share_c64']:5.1%}){a['cpu_ms_per_request']:7.2f}ms{failures:6d}")
-    print("  (+: added over direct, ms, p50 unless named; CPU/req: ors process; fail: failed requests)")
+    print("  (+: added over direct, ms, p50 unless named; CPU/req: ors and its processes; fail: failed requests)")
     streams, chained = report["streams"], report["chain"]
     if streams:
         print(f"{streams['streams']} streams at once (held {streams['hold_s']:g} s): "

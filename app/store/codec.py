@@ -10,7 +10,7 @@ way still reads: a body that starts with ``[`` is such an array (an event starts
 Streams repeat the same keys and ids in every delta event, so they compress tenfold.
 Large payloads are (de)compressed in a worker thread (zlib releases the GIL), so a long
 response does not stall the event loop; small ones are compressed by SQLite's writer
-thread as it writes them (:func:`packer`).
+process as it writes them (:func:`packer`).
 """
 
 from __future__ import annotations
@@ -66,16 +66,18 @@ async def pack_events(events: list[str]) -> bytes:
 async def packer(events: list[str], *, beside_loop: bool) -> Callable[[], bytes]:
     """What a write calls, in its transaction, for the stored body of ``events``.
 
-    ``beside_loop``: the write runs on a thread of its own (SQLite's writer), so a small
-    payload is packed there: zlib releases the GIL while it compresses, and a stored
-    answer's events (about 5 KB, 25-40 µs) are compressed on the other core instead of
-    on the event loop. Otherwise (PostgreSQL's writes run on the loop), and for a large
+    ``beside_loop``: the write runs beside the event loop (SQLite's writer process), so
+    a small payload is packed there: a stored answer's events (about 5 KB, 25-40 µs)
+    are compressed on the other core instead of on the event loop. Otherwise (PostgreSQL's writes run on the loop), and for a large
     payload (which would hold every write queued behind it), the body is packed here,
     before the write, as :func:`pack_events` does."""
     if beside_loop and sum(len(event) for event in events) < INLINE_LIMIT:
         return functools.partial(pack_events_now, events)
-    body = await pack_events(events)
-    return lambda: body
+    return functools.partial(_given, await pack_events(events))
+
+
+def _given(body: bytes) -> bytes:
+    return body
 
 
 async def unpack_events(body: bytes) -> list[str]:

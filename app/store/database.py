@@ -6,8 +6,9 @@ it can, and the statements are written once:
 
 * **SQLite** (the stdlib driver, synchronous): the whole transaction runs in one worker
   thread, so a transaction of five statements costs one hop off the event loop, not
-  five. Writes go to a single writer thread (SQLite has one writer; ``BEGIN IMMEDIATE``),
-  reads to a small pool of reader threads (WAL: readers never wait for the writer). The
+  five. Writes go to a single writer, a process of its own (SQLite has one writer;
+  ``BEGIN IMMEDIATE``; :mod:`app.store.sqlite_writer`), reads to a small pool of reader
+  threads (WAL: readers never wait for the writer). The
   event loop never blocks on the database.
 * **PostgreSQL** (asyncpg): the function runs through SQLAlchemy's ``run_sync`` on an
   async connection; statements are awaited inside, the event loop stays free.
@@ -40,7 +41,7 @@ SQLITE_READERS = 2
 class Database(abc.ABC):
     """Reads for every engine; writes go through a group commit
     (:mod:`app.store.group_commit`), which calls :meth:`PostgresDatabase.write` or, in
-    SQLite's writer thread, :meth:`SqliteDatabase.transaction`."""
+    SQLite's writer process, :meth:`SqliteDatabase.transaction`."""
 
     @abc.abstractmethod
     async def read(self, fn: Transaction[T]) -> T:
@@ -67,9 +68,9 @@ class SqliteDatabase(Database):
         event.listen(self._engine, "begin", begin_sqlite)
         self._writer_engine = self._engine.execution_options(**{WRITE_OPTION: True})
         self._writing: Connection | None = None
-        """The writer thread's own connection, kept open between writes (a checkout from
-        the pool and back, per write, cost about a quarter of a write's CPU); only that
-        thread touches it."""
+        """The writer's own connection, kept open between writes (a checkout from the
+        pool and back, per write, cost about a quarter of a write's CPU); used only in
+        the writer process."""
         self._flushing: bool | None = None
         """The writer connection's ``synchronous`` setting (``FULL``: True, ``NORMAL``:
         False; None: not set on this connection yet)."""
@@ -81,7 +82,7 @@ class SqliteDatabase(Database):
 
     def transaction(self, fn: Transaction[T], *, flush: bool = True) -> T:
         """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``), committed when this
-        returns. Called only in the writer thread (``ThreadGroupCommit``).
+        returns. Called only by the writer process (:mod:`app.store.sqlite_writer`).
 
         ``flush``: the commit is fsynced before this returns (``synchronous=FULL``).
         Without it (``NORMAL``) the commit is in the WAL, visible and safe from a crash
@@ -110,7 +111,7 @@ class SqliteDatabase(Database):
         """Copy what the WAL holds into the database file, as far as no reader's snapshot
         needs it (``PRAGMA wal_checkpoint(PASSIVE)``: it waits for no reader), on the
         writer's connection between two transactions; the next transaction then starts
-        the WAL over. Called only in the writer thread (``ThreadGroupCommit``)."""
+        the WAL over. Called only by the writer process (:mod:`app.store.sqlite_writer`)."""
         connection = self._writing
         if connection is None:
             connection = self._writing = self._writer_engine.connect()
@@ -119,7 +120,7 @@ class SqliteDatabase(Database):
             "PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def close_writer(self) -> None:
-        """Close the writer thread's connection (in that thread, as it ends)."""
+        """Close the writer's connection (in the writer process, as it ends)."""
         if self._writing is not None:
             self._writing.close()
             self._writing = None

@@ -12,8 +12,9 @@ path (an execution context, events, parameter processing, a result object) aroun
 cost about four times what SQLite itself spent. On a 2-core machine, one response
 recorded whole (its row, two items, its events; SQLite on tmpfs so the disk is out of
 it): 172 µs of the writer thread's CPU through SQLAlchemy against 36 µs for the same
-statements on the driver. That thread shares the GIL and the two cores with the event
-loop, so every microsecond of it is taken from requests. On PostgreSQL the statements
+statements on the driver. That thread shared the GIL and the two cores with the event
+loop, so every microsecond of it was taken from requests (the writer is a process of
+its own now, :mod:`app.store.sqlite_writer`; its CPU still counts). On PostgreSQL the statements
 run on the event loop itself (in ``run_sync``'s greenlet), where SQLAlchemy's part is
 taken from requests directly.
 

@@ -12,7 +12,7 @@ SQLite (one server process, a file):
 * ``wal_autocheckpoint=0``: a commit never copies the WAL into the database file itself
   (SQLite's default does so in the commit that passes 1,000 pages, about every 75th
   stored response, which made a stored answer's p99 2.6 times its median instead of
-  2.1); the writer thread does it between transactions, once its callers are woken
+  2.1); the writer does it between transactions, once its callers are answered
   (:mod:`app.store.group_commit`);
 * the driver's own transaction handling is turned off and SQLAlchemy emits ``BEGIN``:
   reads run in a deferred transaction (one snapshot for all their statements), writes
@@ -135,7 +135,8 @@ def begin_sqlite(connection: Connection) -> None:
     statement = "BEGIN IMMEDIATE" if connection.get_execution_options().get(WRITE_OPTION, False) else "BEGIN"
     driver = connection.connection.driver_connection
     if isinstance(driver, sqlite3.Connection):
-        # the store's own threads: on the driver itself, as app.store.direct does
+        # the store's own connections (reader threads, the writer process): on the
+        # driver itself, as app.store.direct does
         driver.execute(statement)
     else:
         connection.exec_driver_sql(statement)

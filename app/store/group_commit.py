@@ -34,26 +34,19 @@ Contract:
 
 Two writers keep that contract. :class:`GroupCommit` runs ``writers`` asyncio tasks over
 a database whose driver is asynchronous (PostgreSQL: several writers, each on its own
-connection). :class:`ThreadGroupCommit` is for SQLite, which has one writer and a
-synchronous driver: the writer thread itself takes the writes waiting and commits them,
-and wakes their callers with one ``call_soon_threadsafe`` per batch. A write used to
-travel caller → writer task → executor → thread and back the same way; with the thread
-taking writes directly, a response recorded alone spent about 40 µs less outside
-the transaction (0.26-0.29 against 0.21-0.25 ms, the two builds alternated on a 2-core
-machine). Through the server (with the history change of the same commit, both servers
-up, ten interleaved rounds), a stored JSON answer at concurrency 1 went from 3.01 to
-2.90 ms at the median; at concurrency 16 there was no difference (639 against 653
-requests/s).
+connection). SQLite, which has one writer and a synchronous driver, writes in a process
+of its own (:class:`app.store.sqlite_writer.WriterProcess`): it takes the writes waiting
+and commits them, and answers their callers with one message per batch.
 
 SQLite's commits never checkpoint (``wal_autocheckpoint=0``, :mod:`app.store.engines`).
 SQLite's own checkpoint ran inside the commit that passed 1,000 pages of WAL (about every
 75th stored response) and held that commit's callers and every one queued behind it: a
-stored JSON answer's p99 at concurrency 1 was 2.6 times its median. The writer thread
-checkpoints instead once its callers are woken, after :data:`CHECKPOINT_EVERY`
+stored JSON answer's p99 at concurrency 1 was 2.6 times its median. The writer
+checkpoints instead once its callers are answered, after :data:`CHECKPOINT_EVERY`
 transactions, when no write is waiting (or, under load that never pauses, after four
 times as many regardless). It does so on its own connection, between transactions, so
 the checkpoint copies the whole WAL and the next transaction starts it over: a
-checkpoint on another thread, racing the writer, never caught up with it and the WAL
+checkpoint on another connection, racing the writer, never caught up with it and the WAL
 grew without end.
 """
 
@@ -61,18 +54,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import queue
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import Connection
 
-from app.store.database import PostgresDatabase, SqliteDatabase
-
-log = logging.getLogger("ors.store")
+from app.store.database import PostgresDatabase
 
 CHECKPOINT_EVERY = 64
 """Transactions between two checkpoints (a stored response writes about 13 pages: some
@@ -96,8 +84,8 @@ class Writes(Protocol):
     """Transactions committed (for tests and benchmarks: writes per commit)."""
 
     beside_loop: bool
-    """Whether writes run on a thread of their own, beside the event loop (SQLite's
-    writer), rather than on the loop (PostgreSQL's, in ``run_sync``'s greenlet)."""
+    """Whether writes run beside the event loop (SQLite's writer, a process of its own)
+    rather than on it (PostgreSQL's, in ``run_sync``'s greenlet)."""
 
     async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
         """Run ``work`` in a write transaction; its result once that has committed.
@@ -184,98 +172,3 @@ def _settle(future: asyncio.Future[Any], *, result: Any = None, error: BaseExcep
         with contextlib.suppress(Exception):
             # a caller that went away never retrieves it; do not let asyncio complain
             future.exception()
-
-
-class ThreadGroupCommit:
-    """Group commit in SQLite's one writer thread (see the module's contract)."""
-
-    beside_loop = True
-
-    def __init__(self, database: SqliteDatabase, *, max_batch: int = 128) -> None:
-        self._database = database
-        self._max_batch = max_batch
-        self._loop = asyncio.get_running_loop()
-        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
-        self._stopped: asyncio.Future[None] = self._loop.create_future()
-        self._open = True
-        self._thread = threading.Thread(target=self._writer, name="store-writer", daemon=True)
-        self._thread.start()
-        self.batches = 0
-        """Transactions committed (for tests and benchmarks: writes per commit)."""
-        self.checkpoints = 0
-        """Checkpoints run (for tests)."""
-        self._checkpointed_at = 0
-
-    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
-        if not self._open:
-            raise RuntimeError("the store is closed")
-        write = _Write(work, flush, self._loop.create_future())
-        self._queue.put(write)
-        return await asyncio.shield(write.done)  # type: ignore[no-any-return]
-
-    async def close(self) -> None:
-        if not self._open:
-            return
-        self._open = False
-        self._queue.put(None)
-        await self._stopped
-
-    # -- the writer thread ------------------------------------------------------------
-
-    def _writer(self) -> None:
-        try:
-            stop = False
-            while not stop:
-                first = self._queue.get()
-                if first is None:
-                    break
-                batch = [first]
-                while len(batch) < self._max_batch:
-                    try:
-                        more = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more is None:
-                        stop = True
-                        break
-                    batch.append(more)
-                self._wake(_deliver, batch, self._commit(batch))
-                since = self.batches - self._checkpointed_at
-                if since >= CHECKPOINT_EVERY and (self._queue.empty() or since >= 4 * CHECKPOINT_EVERY):
-                    self._checkpoint()
-        finally:
-            try:
-                self._database.close_writer()
-            finally:
-                self._wake(_settle, self._stopped)
-
-    def _checkpoint(self) -> None:
-        self._checkpointed_at = self.batches
-        try:
-            self._database.checkpoint()
-            self.checkpoints += 1
-        except Exception:  # noqa: BLE001 - the next one will try again; commits go on
-            log.exception("a checkpoint of the store failed")
-
-    def _wake(self, callback: Callable[..., None], *args: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            log.warning("the store's writer finished after its event loop closed")
-
-    def _commit(self, batch: list[_Write]) -> list[tuple[Any, BaseException | None]]:
-        try:
-            results = self._database.transaction(lambda connection: [write.work(connection) for write in batch],
-                                                 flush=_flushed(batch))
-        except Exception as error:
-            if len(batch) == 1:
-                return [(None, error)]
-            # one by one: only the failing write fails
-            return [outcome for write in batch for outcome in self._commit([write])]
-        self.batches += 1
-        return [(result, None) for result in results]
-
-
-def _deliver(batch: list[_Write], outcomes: list[tuple[Any, BaseException | None]]) -> None:
-    for write, (result, error) in zip(batch, outcomes, strict=True):
-        _settle(write.done, result=result, error=error)

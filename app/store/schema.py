@@ -75,6 +75,9 @@ class Serialized(str):
         document.status = status
         return document
 
+    def __reduce__(self) -> tuple[type[Serialized], tuple[str, str]]:
+        return Serialized, (str(self), self.status)
+
 
 class JsonText(TypeDecorator[Any]):
     """A JSON document stored as text (a :class:`Serialized` one as it is)."""

@@ -68,7 +68,8 @@ from app.store.cancels import (
 )
 from app.store.codec import packer, unpack_events
 from app.store.direct import Direct
-from app.store.group_commit import GroupCommit, ThreadGroupCommit, Writes
+from app.store.group_commit import GroupCommit, Writes
+from app.store.sqlite_writer import WriterProcess
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
@@ -124,8 +125,9 @@ class SqlResponseStore(ResponseStore):
 
     @property
     def statement_engine(self) -> Engine:
-        """The synchronous engine whose events see every statement of reads and writes
-        (SQLite: the one the store's threads use; PostgreSQL: the async engine's)."""
+        """The synchronous engine whose events see every statement of reads (SQLite: the
+        one its reader threads use) and, on PostgreSQL, of writes (the async engine's).
+        SQLite's writes run in the writer process, whose engine is its own."""
         if self._db is None:
             raise RuntimeError("the store is not open")
         return self._db.sync_engine
@@ -144,8 +146,8 @@ class SqlResponseStore(ResponseStore):
         engine = create_engine(self.url, pool_size=self._pool_size)
         self._engine = engine
         if self.is_sqlite:
-            sqlite = SqliteDatabase(self.url)
-            self._db, self._group = sqlite, ThreadGroupCommit(sqlite)
+            self._db, self._group = SqliteDatabase(self.url), WriterProcess(self.url)
+            await self._group.start()
         else:
             postgres = PostgresDatabase(engine)
             self._db, self._group = postgres, GroupCommit(postgres, writers=POSTGRES_WRITERS)
@@ -215,15 +217,19 @@ class SqlResponseStore(ResponseStore):
 
     async def begin(self, response: NewResponse) -> None:
         # visible at once, on disk with the response's end at the latest (group_commit)
-        await self._write(self._begin_work(response), flush=False)
+        await self._write(functools.partial(_begin, *self._begin_rows(response)), flush=False)
 
     async def finish(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
-        work = _finish_work(tenant, response_id, resource, output_items, await self._packer(events))
-        return await self._write(work)
+        status = _status(resource)
+        if status not in TERMINAL:
+            raise ValueError(f"a finished response has a terminal status, not {status!r}")
+        output_rows = _item_rows(response_id, "output", output_items)
+        body = await self._packer(events)
+        return await self._write(functools.partial(_finish, tenant, response_id, status, resource, output_rows, body))
 
     async def record(
         self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str]
@@ -234,22 +240,15 @@ class SqlResponseStore(ResponseStore):
         if status not in TERMINAL:
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
         now = _now_ms()
-        begin = self._begin_work(response, final={"status": status, "resource": resource, "finished_at": now,
-                                                  "updated_at": now},
-                                 output_items=output_items)
-        body = await self._packer(events)
+        row, item_rows = self._begin_rows(response, final={"status": status, "resource": resource,
+                                                           "finished_at": now, "updated_at": now},
+                                          output_items=output_items)
+        return await self._write(functools.partial(_record, row, item_rows, await self._packer(events)))
 
-        def work(connection: Connection) -> bool:
-            begin(connection)
-            _INSERT_EVENTS.execute(connection, {"response_id": response.id, "body": body()})
-            return True
-
-        return await self._write(work)
-
-    def _begin_work(
+    def _begin_rows(
         self, response: NewResponse, *, final: JSON | None = None, output_items: Sequence[JSON] = ()
-    ) -> Callable[[Connection], None]:
-        """The row and its input items; with ``final`` (the terminal columns) and
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The row and its items' rows; with ``final`` (the terminal columns) and
         ``output_items``, a response recorded whole."""
         if response.status not in NON_TERMINAL:
             raise ValueError(f"a response begins queued or in_progress, not {response.status!r}")
@@ -267,70 +266,22 @@ class SqlResponseStore(ResponseStore):
             "owner": self.instance_id,
             "updated_at": _now_ms(),
         } | (final or {})
-        input_rows = _item_rows(response.id, "input", response.input_items)
-        input_rows += _item_rows(response.id, "output", output_items)
-
-        def work(connection: Connection) -> None:
-            previous = response.previous_response_id
-            if previous is not None:
-                visible = select(responses.c.id).where(_visible(response.tenant, previous))
-                if connection.scalar(visible.with_for_update(read=True)) is None:
-                    raise PreviousResponseNotFound(
-                        f"Previous response with id '{previous}' not found.", param="previous_response_id"
-                    )
-            try:
-                _INSERT_RESPONSE.execute(connection, row)
-            except IntegrityError as error:
-                raise StoreConflict(f"Response '{response.id}' already exists.") from error
-            if input_rows:
-                _INSERT_ITEM.execute(connection, input_rows)
-
-        return work
+        item_rows = _item_rows(response.id, "input", response.input_items)
+        item_rows += _item_rows(response.id, "output", output_items)
+        return row, item_rows
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
         if status not in NON_TERMINAL and status != "cancelled":
             raise ValueError(f"set_status moves to queued, in_progress or cancelled, not {status!r}")
 
-        def work(connection: Connection) -> None:
-            current = _lock_for_update(connection, tenant, response_id)
-            if current.deleted_at is not None or current.status == "cancelled":
-                return
-            if current.finished_at is not None:
-                raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-            now = _now_ms()
-            values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
-            if status == "cancelled":
-                values["finished_at"] = now
-            connection.execute(update(responses).where(responses.c.id == response_id).values(values))
-
         # a step between starts (queued -> in_progress) is flushed with the end; a cancel
         # is an end
-        await self._write(work, flush=status == "cancelled")
+        await self._write(functools.partial(_set_status, tenant, response_id, status, resource),
+                          flush=status == "cancelled")
 
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
-        postgres = not self.is_sqlite
-
-        def work(connection: Connection) -> tuple[StoredResponse | None, bool]:
-            row = (
-                connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
-            ).first()
-            if row is None:
-                return None, False
-            if row.status in TERMINAL:
-                return _stored(row), False
-            resource = cancelled_resource(row.resource)
-            now = _now_ms()
-            connection.execute(
-                update(responses)
-                .where(responses.c.id == response_id)
-                .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
-            )
-            if postgres:
-                # sent at commit, and only if the cancel commits
-                connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
-            return _stored(row, status="cancelled", resource=resource), True
-
-        stored, cancelled = await self._write(work)
+        stored, cancelled = await self._write(functools.partial(_cancel, tenant, response_id,
+                                                                 notify=not self.is_sqlite))
         if cancelled and self._notices is not None:
             self._notices.recorded(tenant, response_id)
         return stored
@@ -370,30 +321,7 @@ class SqlResponseStore(ResponseStore):
         return [(row.tenant, row.id) for row in rows]
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        def work(connection: Connection) -> bool:
-            path = _ancestry(connection, tenant, response_id, visible_start=True)
-            if not path:
-                return False
-            root = path[-1].id
-            if not self.is_sqlite:
-                connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
-            now = _now_ms()
-            marked = connection.execute(
-                update(responses)
-                .where(_visible(tenant, response_id))
-                .values(deleted_at=now, updated_at=now)
-            )
-            if marked.rowcount == 0:
-                return False
-            connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
-            unneeded = _unneeded_after_delete(connection, tenant, response_id)
-            for start in range(0, len(unneeded), PURGE_BATCH):
-                batch = unneeded[start : start + PURGE_BATCH]
-                connection.execute(delete(items).where(items.c.response_id.in_(batch)))
-                connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
-            return True
-
-        return await self._write(work)
+        return await self._write(functools.partial(_delete, tenant, response_id, lock_root=not self.is_sqlite))
 
     async def recover(self) -> int:
         async with self._recover_lock:
@@ -527,30 +455,111 @@ def _status(resource: Document) -> Any:
     return resource.status if isinstance(resource, Serialized) else resource.get("status")
 
 
-def _finish_work(
-    tenant: str, response_id: str, resource: Document, output_items: list[JSON], body: Callable[[], bytes]
-) -> Callable[[Connection], bool]:
-    status = _status(resource)
-    if status not in TERMINAL:
-        raise ValueError(f"a finished response has a terminal status, not {status!r}")
-    output_rows = _item_rows(response_id, "output", output_items)
+# -- writes: functions of a connection and plain values, so that SQLite's writer process
+# can be sent them (app.store.sqlite_writer)
 
-    def work(connection: Connection) -> bool:
-        now = _now_ms()
-        # the row is locked and finished in one statement, if it is still running; only
-        # otherwise is it read, to say why (one statement fewer on the usual path)
-        if not _FINISH.execute(connection, {"b_id": response_id, "b_tenant": tenant, "status": status,
-                                            "resource": resource, "updated_at": now, "finished_at": now}):
-            current = _lock_for_update(connection, tenant, response_id)
-            if current.deleted_at is not None or current.status == "cancelled":
-                return False
-            raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-        if output_rows:
-            _INSERT_ITEM.execute(connection, output_rows)
-        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
-        return True
 
-    return work
+def _begin(row: dict[str, Any], item_rows: list[dict[str, Any]], connection: Connection) -> None:
+    """A response's row and its items."""
+    previous = row["previous_response_id"]
+    if previous is not None:
+        visible = select(responses.c.id).where(_visible(row["tenant"], previous))
+        if connection.scalar(visible.with_for_update(read=True)) is None:
+            raise PreviousResponseNotFound(
+                f"Previous response with id '{previous}' not found.", param="previous_response_id"
+            )
+    try:
+        _INSERT_RESPONSE.execute(connection, row)
+    except IntegrityError as error:
+        raise StoreConflict(f"Response '{row['id']}' already exists.") from error
+    if item_rows:
+        _INSERT_ITEM.execute(connection, item_rows)
+
+
+def _record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes],
+            connection: Connection) -> bool:
+    """A response recorded whole: its row (already finished), its items and its events."""
+    _begin(row, item_rows, connection)
+    _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
+    return True
+
+
+def _finish(tenant: str, response_id: str, status: str, resource: Document, output_rows: list[dict[str, Any]],
+            body: Callable[[], bytes], connection: Connection) -> bool:
+    now = _now_ms()
+    # the row is locked and finished in one statement, if it is still running; only
+    # otherwise is it read, to say why (one statement fewer on the usual path)
+    if not _FINISH.execute(connection, {"b_id": response_id, "b_tenant": tenant, "status": status,
+                                        "resource": resource, "updated_at": now, "finished_at": now}):
+        current = _lock_for_update(connection, tenant, response_id)
+        if current.deleted_at is not None or current.status == "cancelled":
+            return False
+        raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
+    if output_rows:
+        _INSERT_ITEM.execute(connection, output_rows)
+    _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
+    return True
+
+
+def _set_status(tenant: str, response_id: str, status: str, resource: Document, connection: Connection) -> None:
+    current = _lock_for_update(connection, tenant, response_id)
+    if current.deleted_at is not None or current.status == "cancelled":
+        return
+    if current.finished_at is not None:
+        raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
+    now = _now_ms()
+    values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
+    if status == "cancelled":
+        values["finished_at"] = now
+    connection.execute(update(responses).where(responses.c.id == response_id).values(values))
+
+
+def _cancel(tenant: str, response_id: str, connection: Connection, *,
+            notify: bool) -> tuple[StoredResponse | None, bool]:
+    """``notify``: send ``pg_notify`` at commit, and only if the cancel commits (PostgreSQL)."""
+    row = (
+        connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
+    ).first()
+    if row is None:
+        return None, False
+    if row.status in TERMINAL:
+        return _stored(row), False
+    resource = cancelled_resource(row.resource)
+    now = _now_ms()
+    connection.execute(
+        update(responses)
+        .where(responses.c.id == response_id)
+        .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
+    )
+    if notify:
+        connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
+    return _stored(row, status="cancelled", resource=resource), True
+
+
+def _delete(tenant: str, response_id: str, connection: Connection, *, lock_root: bool) -> bool:
+    """``lock_root``: take the chain's root row for update first (PostgreSQL; SQLite's
+    one writer serializes deletes anyway)."""
+    path = _ancestry(connection, tenant, response_id, visible_start=True)
+    if not path:
+        return False
+    if lock_root:
+        root = path[-1].id
+        connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
+    now = _now_ms()
+    marked = connection.execute(
+        update(responses)
+        .where(_visible(tenant, response_id))
+        .values(deleted_at=now, updated_at=now)
+    )
+    if marked.rowcount == 0:
+        return False
+    connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
+    unneeded = _unneeded_after_delete(connection, tenant, response_id)
+    for start in range(0, len(unneeded), PURGE_BATCH):
+        batch = unneeded[start : start + PURGE_BATCH]
+        connection.execute(delete(items).where(items.c.response_id.in_(batch)))
+        connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
+    return True
 
 
 _STORED_COLUMNS = (

@@ -187,6 +187,7 @@ class _Channel(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._waiting: dict[int, asyncio.Future[Any]] = {}
         self._buffer = bytearray()
+        self._outgoing: list[bytes] = []
         self.lost: asyncio.Future[None] = owner._loop.create_future()
         self.ready: asyncio.Future[None] = owner._loop.create_future()
         """Set by the writer's first answer, which it sends once it can write."""
@@ -195,16 +196,26 @@ class _Channel(asyncio.Protocol):
         self._transport = transport  # type: ignore[assignment]
 
     def send(self, sequence: int, work: Work, flush: bool) -> asyncio.Future[Any]:
-        assert self._transport is not None
+        """Queue a write's frame; the frames queued in one turn of the loop leave
+        together at its end (one system call, and the writer wakes once for them)."""
         body = pickle.dumps(work, pickle.HIGHEST_PROTOCOL)
         done: asyncio.Future[Any] = self._owner._loop.create_future()
         self._waiting[sequence] = done
-        self._transport.write(_REQUEST.pack(len(body), sequence, flush) + body)
+        if not self._outgoing:
+            self._owner._loop.call_soon(self._send_outgoing)
+        self._outgoing.append(_REQUEST.pack(len(body), sequence, flush))
+        self._outgoing.append(body)
         return done
+
+    def _send_outgoing(self) -> None:
+        outgoing, self._outgoing = self._outgoing, []
+        if outgoing and self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(outgoing))
 
     async def close(self) -> None:
         """No more writes: the writer answers those it has, then ends (EOF)."""
         if self._transport is not None and not self.lost.done():
+            self._send_outgoing()
             self._transport.write_eof()
         await self.lost
 

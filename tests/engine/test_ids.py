@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 
 from app.engine import ids
 
 
 def test_format_and_uniqueness_across_several_draws() -> None:
     made = [ids.message_id() for _ in range(3 * ids._IDS_PER_DRAW + 7)]
-    assert all(re.fullmatch(r"msg_[0-9a-f]{24}", made_id) for made_id in made)
+    assert all(re.fullmatch(r"msg_[0-9a-f]{36}", made_id) for made_id in made)
     assert len(set(made)) == len(made)
 
 
@@ -45,3 +46,13 @@ def test_a_forked_child_draws_its_own() -> None:
     ours = "".join(ids.random_hex() for _ in range(8))
     assert len(theirs) == len(ours) == 8 * 24
     assert theirs != ours
+
+
+def test_ids_are_ordered_by_the_millisecond_they_were_made() -> None:
+    before = time.time_ns() // 1_000_000
+    first = ids.response_id()
+    time.sleep(0.002)
+    second = ids.response_id()
+    after = time.time_ns() // 1_000_000
+    assert first < second
+    assert before <= int(first.removeprefix("resp_")[:12], 16) <= int(second.removeprefix("resp_")[:12], 16) <= after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -57,7 +58,14 @@ def _serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
         **transport_options(settings),
     )
-    Server(config, app.state.drain).run()
+    try:
+        Server(config, app.state.drain).run()
+    except KeyboardInterrupt:
+        # uvicorn raises the SIGINT that stopped it again once it has finished, so that
+        # the process ends as Ctrl-C ends it; Python turns that into a KeyboardInterrupt,
+        # whose traceback would end the log. End by the signal itself instead.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     return 0
 
 

@@ -82,8 +82,10 @@ class ServerProcess:
     """``ors serve`` as a real child process (what a user runs)."""
 
     def __init__(self, env: Mapping[str, str], data_dir: Path, *, port: int | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", new_session: bool = False) -> None:
         self.host = host
+        self.new_session = new_session
+        """Start it in a session (and process group) of its own, as a terminal does."""
         self.port = port or free_port()
         self.env = {**os.environ, **env, "ORS_DATA_DIR": str(data_dir)}
         self.log_path = data_dir / f"server-{self.port}.log"
@@ -97,7 +99,8 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         command = [sys.executable, "-m", "app.cli", "serve", "--host", self.host, "--port", str(self.port)]
-        self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=self.new_session)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

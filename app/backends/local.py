@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import io
 import json
 import logging
 import os
@@ -103,6 +104,21 @@ def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> Non
 
 llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
 
+def _load_vocabulary(path: Path) -> Llama:
+    """A model's vocabulary and metadata, without its weights.
+
+    Not with ``verbose=False``: llama-cpp-python then points the process's file
+    descriptors 1 and 2 at ``/dev/null`` while it loads, and every line the server's
+    other threads log meanwhile is lost (the first lines of a start were, one start in
+    three). llama.cpp's own messages come through :func:`_route_llama_log` either way;
+    what llama-cpp-python prints itself (its metadata) goes to a buffer, by replacing
+    ``sys.stdout``/``sys.stderr`` (the log handler keeps its own stream)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        llm = Llama(model_path=str(path), vocab_only=True, verbose=True)
+    llm.verbose = False  # nothing more of its own on stderr
+    return llm
+
+
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32
 DEFAULT_CACHE_RAM_MIB = 2048
@@ -161,7 +177,7 @@ class Vocabulary:
 
     def __init__(self, spec: ModelSpec, path: Path) -> None:
         self.spec = spec
-        self.llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        self.llm = _load_vocabulary(path)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         template = self.llm.metadata.get("tokenizer.chat_template")
         if not template:

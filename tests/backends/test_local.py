@@ -489,3 +489,35 @@ def test_a_users_text_never_becomes_a_control_token(tmp_path: Path) -> None:
             vocabulary.prompt(plain, ()).encode(), add_bos=False, special=True)  # untouched without markers
     finally:
         vocabulary.close()
+
+
+def test_loading_a_vocabulary_leaves_the_processes_stderr_alone(tmp_path: Path) -> None:
+    """llama-cpp-python's quiet load points file descriptors 1 and 2 at /dev/null, and
+    what other threads log meanwhile is lost; the vocabulary is loaded without it, and
+    what llama-cpp-python prints itself does not reach stderr."""
+    import os
+    import threading
+
+    from app.backends.local import Vocabulary
+    from app.backends.model_files import LOCAL_MODELS
+
+    def target() -> str:
+        return os.readlink("/proc/self/fd/2")
+
+    before = target()
+    seen: set[str] = set()
+    loading = threading.Event()
+
+    def watch() -> None:
+        while not loading.is_set():
+            seen.add(target())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        vocabulary = Vocabulary(LOCAL_MODELS[SMOLLM2], ModelFiles(tmp_path).path(SMOLLM2))
+    finally:
+        loading.set()
+        watcher.join()
+    assert seen == {before}
+    assert vocabulary.llm.verbose is False

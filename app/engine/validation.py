@@ -211,9 +211,17 @@ def _message(error: dict[str, Any], param: str) -> str:
         value = error.get("input")
         if not isinstance(value, dict):
             return f"Invalid value for {where}: expected an object with a 'type', got {type(value).__name__}."
-        got = value.get("type") if isinstance(value, dict) else value
-        return f"Invalid value {got!r} for {where}: {error['msg']}."
+        return f"Invalid value {_shown(value.get('type'))} for {where}: {error['msg']}."
     return f"Invalid value for {where}: {error['msg']}."
+
+
+_MAX_SHOWN = 80
+"""The most of a client's value an error message repeats."""
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 1] + "…"
 
 
 def _param_path(loc: tuple[Any, ...], data: Any) -> tuple[int, str, Any]:

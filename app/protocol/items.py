@@ -156,7 +156,9 @@ _ITEM_TAGS = {
 
 
 def _item_tag(value: Any) -> str | None:
-    """Pick the input-item variant; ``None`` makes pydantic report an unknown type."""
+    """Pick the input-item variant; ``None`` makes pydantic report an unknown type. A
+    ``type`` or ``role`` of any JSON value is read here, lists and objects included
+    (never looked up as a key: they cannot be one)."""
     if not isinstance(value, dict):
         return None
     kind = value.get("type")
@@ -167,11 +169,14 @@ def _item_tag(value: Any) -> str | None:
             return "item_reference"
         else:
             return None
+    if not isinstance(kind, str):
+        return None
     if kind == "message":
-        return _MESSAGE_TAGS.get(value.get("role"), "invalid_role")  # type: ignore[arg-type]
+        role = value.get("role")
+        return _MESSAGE_TAGS.get(role, "invalid_role") if isinstance(role, str) else "invalid_role"
     if kind in _ITEM_TAGS:
-        return kind  # type: ignore[no-any-return]
-    if isinstance(kind, str) and ":" in kind:
+        return kind
+    if ":" in kind:
         return "extension"
     return None
 

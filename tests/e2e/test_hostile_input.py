@@ -320,3 +320,24 @@ def test_a_websocket_frame_with_nan_is_an_error_envelope(server: LiveServer) -> 
 def test_input_of_the_wrong_type_is_a_400(client: Client, value: Any) -> None:
     error = client.error({"model": "scripted-text", "input": value}, 400)
     assert error["param"] == "input"
+
+
+@pytest.mark.parametrize(("item", "param"), [
+    ({"type": [1, 2], "role": "user", "content": "hi"}, "input[0].type"),
+    ({"type": {"a": 1}, "call_id": "c", "output": "o"}, "input[0].type"),
+    ({"role": ["user"], "content": "hi"}, "input[0].role"),
+    ({"type": "message", "role": {"name": "user"}, "content": "hi"}, "input[0].role"),
+    ({"role": 2**70, "content": "hi"}, "input[0].role"),
+])
+def test_an_item_whose_type_or_role_is_a_list_or_an_object_is_a_400(client: Client, item: dict[str, Any],
+                                                                    param: str) -> None:
+    # once a 500 that also dropped the kept-alive connection (the tag was looked up as a key)
+    error = client.error({"model": "scripted-text", "input": [item]}, 400)
+    assert error["param"] == param, error
+    assert client.http.post("/v1/responses", json={"model": "scripted-text", "input": "hi"}).status_code == 200
+
+
+def test_an_error_repeats_at_most_a_little_of_a_huge_value(client: Client) -> None:
+    error = client.error({"model": "scripted-text", "input": [{"type": "z" * 70_000, "text": "hi"}]}, 400)
+    assert error["param"] == "input[0].type"
+    assert "zzz" in error["message"] and len(error["message"]) < 300, len(error["message"])

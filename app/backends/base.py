@@ -126,6 +126,11 @@ class GenerationRequest:
     cache_key: str | None = None
     """The request's ``prompt_cache_key``: requests that share one are likely to share a
     prompt prefix, so a backend with a prompt cache may route them together."""
+    incremental: bool = True
+    """Whether the output is wanted as it is made. ``False`` for a response nobody sees
+    before it ends (a plain JSON answer): a backend may then produce it in one piece, as
+    an upstream asked without ``stream`` answers (the same deltas, fewer of them, and no
+    per-token work in between). Cancelling the stream still stops the generation."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,12 +117,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
         self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ResponsesEventDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self.post_stream(url, body) as response:
+            async with self.post_stream(url, body, stream=payload["stream"]) as response:
                 if not 200 <= response.status < 300:
                     body = await read_capped(response, ERROR_BODY_LIMIT)
                     raise http_error(response.status, body, model=model, url=url,
                                      logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
                 if response.headers.get("content-type", "").startswith("application/json"):
+                    # asked whole, or an upstream that ignored ``stream: true``
                     for delta in decoder.feed_whole(await read_capped(response, None)):
                         yield delta
                     return
@@ -135,12 +136,14 @@ class ResponsesUpstreamBackend(HttpUpstream):
                             yield delta
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
-        """The ``POST /responses`` body for ``request``: stateless and streaming; without
-        ``input``, all of it but the input items (which :meth:`stream` splices in)."""
+        """The ``POST /responses`` body for ``request``: stateless, and streaming unless
+        the request's output is wanted only whole (then one response resource comes back,
+        decoded into the same deltas); without ``input``, all of it but the input items
+        (which :meth:`stream` splices in)."""
         body: dict[str, Any] = {"model": request.model}
         if input:
             body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning)
-        body |= {"stream": True, "store": False}
+        body |= {"stream": request.incremental, "store": False}
         if request.tools:
             # Every tool stays visible (a stable prompt prefix); the policy says which may be called.
             body["tools"] = [_tool(spec) for spec in request.tools]

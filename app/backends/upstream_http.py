@@ -107,12 +107,15 @@ class HttpUpstream(Backend):
         return self._session
 
     @contextlib.asynccontextmanager
-    async def post_stream(self, url: str, payload: dict[str, Any] | bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def post_stream(self, url: str, payload: dict[str, Any] | bytes, *,
+                          stream: bool = True) -> AsyncIterator[aiohttp.ClientResponse]:
         """``POST`` ``payload`` as JSON (or JSON already encoded) asking for an event
-        stream; the response, whose body the caller reads (``content.iter_any()``).
-        Leaving the block before the end of the body closes the connection."""
+        stream (or, without ``stream``, one JSON body); the response, whose body the
+        caller reads (``content.iter_any()``). Leaving the block before the end of the
+        body closes the connection."""
         body = payload if isinstance(payload, bytes) else jsontext.dumps_bytes(payload)
-        headers = {**self._headers, "Accept": "text/event-stream", "Content-Type": "application/json"}
+        headers = {**self._headers, "Accept": "text/event-stream" if stream else "application/json",
+                   "Content-Type": "application/json"}
         async with self._http().post(url, data=body, headers=headers, allow_redirects=False) as response:
             yield response
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import time
@@ -510,6 +511,12 @@ class Turn:
         nobody can see before it ends: a plain JSON answer, whose id is first given out
         with the response itself. Call before the turn runs."""
         self._defer = True
+
+    def answer_whole(self) -> None:
+        """Nobody sees this turn's output before it ends (a plain JSON answer): the
+        backend may make it in one piece (``GenerationRequest.incremental``). Call before
+        the turn runs."""
+        self.request = dataclasses.replace(self.request, incremental=False)
 
     def unread(self) -> None:
         """Nobody will read this turn's events (a JSON answer that is not stored): they

@@ -675,6 +675,33 @@ async def test_a_whole_completion_is_accepted_when_the_server_ignores_streaming(
     ]
 
 
+async def test_an_output_wanted_only_whole_is_asked_without_streaming(
+    backend: ChatCompletionsBackend, upstream: ScriptedUpstream
+) -> None:
+    completion = {
+        "id": "chatcmpl-2",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "reasoning_content": "Easy.", "content": "Hello there."}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}},
+    }
+    model = upstream.respond(200, completion)
+    deltas = await collect(backend, ask(model, incremental=False))
+    assert deltas == [ReasoningDelta("Easy."), TextDelta("Hello there."), Finish("stop", Usage(5, 3, cached_tokens=2))]
+    (sent,) = upstream.requests_for(model)
+    assert sent.body["stream"] is False and "stream_options" not in sent.body
+    assert sent.headers["accept"] == "application/json"
+
+
+async def test_a_whole_answer_cut_short_is_an_error_not_an_answer(
+    backend: ChatCompletionsBackend, upstream: ScriptedUpstream
+) -> None:
+    model = upstream.respond(200, {"error": {"message": "the model crashed", "type": "server_error"}})
+    with pytest.raises(ModelError) as failure:
+        await collect(backend, ask(model, incremental=False))
+    assert failure.value.code == "upstream_error"
+
+
 # -- upstream HTTP failures -----------------------------------------------------------------
 
 

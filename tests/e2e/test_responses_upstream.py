@@ -131,10 +131,13 @@ def test_a_turn_is_sent_statelessly(front: Client, sent: list[dict[str, Any]]) -
     assert output_text(response) == "saw: hello"
     assert response["usage"]["input_tokens"] == 1
     (body,) = sent
-    assert body["store"] is False and body["stream"] is True and "previous_response_id" not in body
+    # a JSON answer is asked whole (nobody sees it before it ends); a stream is streamed
+    assert body["store"] is False and body["stream"] is False and "previous_response_id" not in body
     assert body["model"] == "echo" and body["temperature"] == 0.5
     assert body["input"] == [{"type": "message", "role": "system", "content": "Be brief."},
                              {"type": "message", "role": "user", "content": "hello"}]
+    assert front.stream(model="far/echo", input="hello").text() == "saw: hello"
+    assert sent[1]["stream"] is True
 
 
 def test_one_kept_alive_connection_serves_consecutive_turns(front: Client, sent: list[dict[str, Any]]) -> None:

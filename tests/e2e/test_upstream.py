@@ -124,3 +124,19 @@ def test_logprobs_through_the_upstream(fronted: LiveServer) -> None:
             assert lp["logprob"] <= 0 and bytes(lp["bytes"]) == lp["token"].encode("utf-8")
             alternatives = [alternative["logprob"] for alternative in lp["top_logprobs"]]
             assert len(alternatives) == 2 and alternatives == sorted(alternatives, reverse=True)
+
+
+def test_a_json_answer_is_asked_whole_and_reports_usage(fronted: LiveServer) -> None:
+    """A plain JSON answer is asked of the upstream without streaming. llama-cpp-python's
+    streams carry no usage; its whole answers do, so the response has it."""
+    response = Client(fronted.url).create(model=UPSTREAM_MODEL, input="Say hello.", max_output_tokens=16)
+    usage = response["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0, usage
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_a_json_request_past_the_upstreams_window_is_a_400(fronted: LiveServer) -> None:
+    """Asked whole, llama-cpp-python says what is wrong (a stream past its window is an
+    empty body, which can only be a failed response)."""
+    error = Client(fronted.url).error({"model": UPSTREAM_MODEL, "input": "word " * 3000}, 400)
+    assert error["code"] == "context_length_exceeded", error

@@ -507,10 +507,13 @@ class Turn:
 
     def defer_recording(self) -> None:
         """Record this response once, whole, when it ends (``store.record``: one
-        transaction instead of two) instead of at its start too. Only for a response
-        nobody can see before it ends: a plain JSON answer, whose id is first given out
-        with the response itself. Call before the turn runs."""
+        transaction instead of two) instead of at its start too, and keep none of its
+        events: nobody can follow it, and a plain JSON answer has no stream to resume
+        (OpenAI's API too replays only the events of background responses). Only for a
+        response nobody can see before it ends: a plain JSON answer, whose id is first
+        given out with the response itself. Call before the turn runs."""
         self._defer = True
+        self._serialize = False  # its events are still made (every state machine runs)
 
     def answer_whole(self) -> None:
         """Nobody sees this turn's output before it ends (a plain JSON answer): the
@@ -579,7 +582,7 @@ class Turn:
         resource = self.builder.response
         self.answer = final = Serialized(self._response_json(resource), str(resource.status))
         output = [item.model_dump(mode="json") for item in resource.output]
-        events = [emitted.data for emitted in self.emitted]
+        events = [emitted.data for emitted in self.emitted] if self._serialize else None
         try:
             if self._deferred is not None:
                 written = await self.store.record(self._deferred, final, output, events)

@@ -132,15 +132,16 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def finish(
-        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         """Record the end of a response (output items, final snapshot whose ``status`` is
-        terminal, serialized events) in one transaction; ``True`` when written. Finishing
+        terminal, serialized events, or none kept: ``None``) in one transaction; ``True``
+        when written. Finishing
         twice raises :class:`StoreConflict`; finishing a response that was cancelled or
         deleted meanwhile leaves it as it is, writes nothing and returns ``False``."""
 
     async def record(
-        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str]
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         """:meth:`begin` and :meth:`finish` of a response in one transaction: for a
         response nobody could see before it ended (a plain JSON answer: its id is first
@@ -195,7 +196,8 @@ class ResponseStore(abc.ABC):
     @abc.abstractmethod
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
         """The serialized events of a finished response, in order; ``None`` if absent or
-        if no events were recorded (not finished yet, cancelled, or recovered)."""
+        if no events were recorded (not finished yet, cancelled, recovered, or a plain
+        JSON answer, which keeps none)."""
 
     @abc.abstractmethod
     async def delete(self, tenant: str, response_id: str) -> bool:

@@ -220,7 +220,7 @@ class SqlResponseStore(ResponseStore):
         await self._write(functools.partial(_begin, *self._begin_rows(response)), flush=False)
 
     async def finish(
-        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str]
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
@@ -232,10 +232,11 @@ class SqlResponseStore(ResponseStore):
         return await self._write(functools.partial(_finish, tenant, response_id, status, resource, output_rows, body))
 
     async def record(
-        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str]
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         # Nobody else can know the id yet (see the base class): no row to lock or update,
-        # the row goes in already finished, with its items and events: three statements.
+        # the row goes in already finished, with its items (and events, if kept): two or
+        # three statements.
         status = _status(resource)
         if status not in TERMINAL:
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
@@ -343,11 +344,13 @@ class SqlResponseStore(ResponseStore):
                 log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
             return recovered
 
-    async def _packer(self, events: list[str]) -> Callable[[], bytes]:
+    async def _packer(self, events: list[str] | None) -> Callable[[], bytes] | None:
         """The body of ``events``, packed by the write itself where writes run beside
-        the event loop (:func:`app.store.codec.packer`)."""
+        the event loop (:func:`app.store.codec.packer`); ``None`` when none are kept."""
         if self._group is None:
             raise RuntimeError("the store is not open")
+        if events is None:
+            return None
         return await packer(events, beside_loop=self._group.beside_loop)
 
     async def _write(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
@@ -476,16 +479,18 @@ def _begin(row: dict[str, Any], item_rows: list[dict[str, Any]], connection: Con
         _INSERT_ITEM.execute(connection, item_rows)
 
 
-def _record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes],
+def _record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
             connection: Connection) -> bool:
-    """A response recorded whole: its row (already finished), its items and its events."""
+    """A response recorded whole: its row (already finished), its items and its events
+    (none kept: ``body`` is ``None``)."""
     _begin(row, item_rows, connection)
-    _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
+    if body is not None:
+        _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
     return True
 
 
 def _finish(tenant: str, response_id: str, status: str, resource: Document, output_rows: list[dict[str, Any]],
-            body: Callable[[], bytes], connection: Connection) -> bool:
+            body: Callable[[], bytes] | None, connection: Connection) -> bool:
     now = _now_ms()
     # the row is locked and finished in one statement, if it is still running; only
     # otherwise is it read, to say why (one statement fewer on the usual path)
@@ -497,7 +502,8 @@ def _finish(tenant: str, response_id: str, status: str, resource: Document, outp
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
     if output_rows:
         _INSERT_ITEM.execute(connection, output_rows)
-    _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
+    if body is not None:
+        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
     return True
 
 

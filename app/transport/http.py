@@ -166,8 +166,9 @@ async def retrieve_response(
     events = await _store(engine).events(tenant, response_id)
     if events is None:
         raise InvalidRequest(
-            f"Response '{response_id}' has no stored events to replay: it is still running on "
-            "another server instance, or it was interrupted.",
+            f"Response '{response_id}' has no stored events to replay: it was answered as plain "
+            "JSON (only streamed and background responses keep their events), it is still running "
+            "on another server instance, or it was interrupted.",
             code="events_unavailable",
             param="stream",
         )

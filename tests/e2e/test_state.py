@@ -16,7 +16,7 @@ from app.backends.local import LocalBackend
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
-from compliance import check_sse_body, check_response
+from compliance import check_response, check_sse_body, validate_error_body
 from tests.client import Client
 from tests.conftest import SMOL, scripted_backend
 from tests.live import LiveServer
@@ -109,6 +109,22 @@ def test_replay_stored_events(stateful: Stateful) -> None:
     numbers = [int(line.split(b'"sequence_number":')[1].split(b",")[0])
                for line in tail.content.splitlines() if line.startswith(b"data: {")]
     assert numbers[0] == 6 and numbers[-1] == streamed.events[-1]["sequence_number"]
+
+
+def test_a_plain_json_answer_keeps_no_events_to_replay(stateful: Stateful) -> None:
+    """Only streamed and background responses keep their events (a JSON answer has no
+    stream to resume; OpenAI's API replays background responses only): the replay of a
+    JSON answer is a 400 that says why, and the response itself is all there."""
+    client = stateful.alice
+    created = client.create(model="scripted-text", input="x")
+    replay = client.http.get(f"/v1/responses/{created['id']}", params={"stream": "true"})
+    assert replay.status_code == 400, replay.text
+    validate_error_body(replay.json())
+    error = replay.json()["error"]
+    assert error["code"] == "events_unavailable" and error["param"] == "stream"
+    assert "plain JSON" in error["message"]
+    assert check_response(client.http.get(f"/v1/responses/{created['id']}").json()) == created
+    assert client.create(model="scripted-text", input="y", previous_response_id=created["id"])["status"] == "completed"
 
 
 def test_delete_then_cannot_fetch_or_continue(stateful: Stateful) -> None:

@@ -193,3 +193,19 @@ async def test_nul_in_the_clients_text_is_recorded(store: SqlResponseStore, tena
     assert stored is not None and stored.resource["instructions"] == "Be\x00brief."
     page = await store.input_items(tenant, begun.id, limit=10, order="asc", after=None)
     assert page is not None and page.data == [item]
+
+
+async def test_a_response_recorded_without_events_keeps_none(store: SqlResponseStore, tenant: str) -> None:
+    """A plain JSON answer keeps no events (``None``), recorded whole or finished."""
+    output = [assistant_message("whole")]
+    whole = new_response(tenant)
+    assert await store.record(whole, final(whole, output), output, None)
+    begun = new_response(tenant)
+    await store.begin(begun)
+    assert await store.finish(tenant, begun.id, final(begun, output), output, None)
+    for response in (whole, begun):
+        stored = await store.get(tenant, response.id)
+        assert stored is not None and stored.status == "completed"
+        assert await store.events(tenant, response.id) is None
+        links = await store.chain(tenant, response.id)
+        assert links is not None and links[0].output_items == output

@@ -93,13 +93,45 @@ log = logging.getLogger("ors.local")
 _llama_log = logging.getLogger("ors.llama")
 
 
+_GGML_WARN, _GGML_ERROR, _GGML_CONT = 3, 4, 5
+"""ggml's log levels (``enum ggml_log_level`` of the ggml this llama-cpp-python builds:
+none, debug, info, warn, error, cont); a ``cont`` line continues the line before it."""
+
+
+class _LlamaLevels:
+    """The logging level of each of llama.cpp's in-process messages (the vocabulary's
+    loader): errors are errors, warnings warnings, the rest debug detail. Warnings while a
+    vocabulary loads are debug detail too: its context is never used, and llama.cpp warns
+    of it at every start (``n_ctx_seq (512) > n_ctx_train (0)``, the training window of a
+    model whose weights it did not read)."""
+
+    def __init__(self) -> None:
+        self.loading_vocabulary = 0
+        self._last = logging.DEBUG
+
+    def of(self, ggml_level: int) -> int:
+        if ggml_level == _GGML_CONT:
+            return self._last
+        if ggml_level == _GGML_ERROR:
+            level = logging.ERROR
+        elif ggml_level == _GGML_WARN and not self.loading_vocabulary:
+            level = logging.WARNING
+        else:
+            level = logging.DEBUG
+        self._last = level
+        return level
+
+
+_levels = _LlamaLevels()
+
+
 @llama_cpp.llama_log_callback  # type: ignore[misc]
 def _route_llama_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """llama.cpp's in-process messages (the vocabulary's loader) go through our logging,
-    so ``ORS_LOG_FORMAT=json`` holds for every line; they are debug detail except errors."""
+    """llama.cpp's in-process messages go through our logging, so ``ORS_LOG_FORMAT=json``
+    holds for every line, at the level :class:`_LlamaLevels` gives them."""
     message = text.decode("utf-8", errors="replace").rstrip()
     if message:
-        _llama_log.log(logging.ERROR if level == 3 else logging.DEBUG, "%s", message)
+        _llama_log.log(_levels.of(level), "%s", message)
 
 
 llama_cpp.llama_log_set(_route_llama_log, ctypes.c_void_p(0))
@@ -113,8 +145,12 @@ def _load_vocabulary(path: Path) -> Llama:
     three). llama.cpp's own messages come through :func:`_route_llama_log` either way;
     what llama-cpp-python prints itself (its metadata) goes to a buffer, by replacing
     ``sys.stdout``/``sys.stderr`` (the log handler keeps its own stream)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        llm = Llama(model_path=str(path), vocab_only=True, verbose=True)
+    _levels.loading_vocabulary += 1
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            llm = Llama(model_path=str(path), vocab_only=True, verbose=True)
+    finally:
+        _levels.loading_vocabulary -= 1
     llm.verbose = False  # nothing more of its own on stderr
     return llm
 

@@ -521,3 +521,33 @@ def test_loading_a_vocabulary_leaves_the_processes_stderr_alone(tmp_path: Path) 
         watcher.join()
     assert seen == {before}
     assert vocabulary.llm.verbose is False
+
+
+def test_loading_a_vocabulary_logs_no_warning_or_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """llama.cpp warns at every vocabulary load of a context that is never used (its
+    ``n_ctx_train`` is 0 without the weights); that is debug detail, not an error at
+    every start (it was logged as one: ggml's warn level was read as error)."""
+    import logging
+
+    from app.backends.local import Vocabulary
+    from app.backends.model_files import LOCAL_MODELS
+
+    with caplog.at_level(logging.DEBUG, logger="ors.llama"):
+        Vocabulary(LOCAL_MODELS[SMOLLM2], ModelFiles(tmp_path).path(SMOLLM2)).close()
+    llama = [record for record in caplog.records if record.name == "ors.llama"]
+    assert llama, "llama.cpp's messages come through the log"
+    assert all(record.levelno == logging.DEBUG for record in llama), [
+        (record.levelname, record.getMessage()) for record in llama if record.levelno > logging.DEBUG]
+
+
+def test_llama_cpp_levels_map_onto_logging_levels() -> None:
+    import logging
+
+    from app.backends.local import _LlamaLevels
+
+    levels = _LlamaLevels()
+    assert [levels.of(level) for level in (1, 2, 3, 4)] == [logging.DEBUG, logging.DEBUG, logging.WARNING,
+                                                            logging.ERROR]
+    assert levels.of(5) == logging.ERROR  # a continued line keeps the level of the line before
+    levels.loading_vocabulary += 1
+    assert (levels.of(3), levels.of(4)) == (logging.DEBUG, logging.ERROR)

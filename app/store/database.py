@@ -1,6 +1,6 @@
 """How the store's transactions run: a synchronous function of a connection, run whole.
 
-Every read and write of :mod:`app.store.sql` is a plain function of a SQLAlchemy
+Every read and write of :mod:`app.store.statements` is a plain function of a SQLAlchemy
 ``Connection`` (``fn(connection) -> result``), so each engine runs it the cheapest way
 it can, and the statements are written once:
 

@@ -1,6 +1,6 @@
 """The write path's statements, run by the database driver itself.
 
-A :class:`Direct` wraps one SQLAlchemy Core statement of :mod:`app.store.sql`, written
+A :class:`Direct` wraps one SQLAlchemy Core statement of :mod:`app.store.statements`, written
 once for both engines. It is compiled once per dialect and set of parameter names into
 its SQL text, its parameters' order and their types' bind processors, and then run on a
 cursor of the connection's DBAPI connection (the stdlib ``sqlite3`` one; SQLAlchemy's

@@ -36,46 +36,25 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Row, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.sql.elements import ColumnElement
 
-from app.errors import PreviousResponseNotFound
-from app.store.base import (
-    JSON,
-    ChainLink,
-    Document,
-    ItemPage,
-    NewResponse,
-    Order,
-    ResponseStore,
-    StoreConflict,
-    StoredResponse,
-)
+from app.store import statements
+from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
 from app.store.relay import PostgresEventRelay, RelayedEvent, Source
-from app.store.cancels import (
-    CHANNEL,
-    CancelNotices,
-    LocalCancelNotices,
-    PostgresCancelNotices,
-    encode_notice,
-)
+from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
 from app.store.codec import packer, unpack_events
-from app.store.direct import Direct
 from app.store.group_commit import GroupCommit, Writes
 from app.store.sqlite_writer import WriterProcess
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
-from app.store.schema import NON_TERMINAL, TERMINAL, Serialized, items, responses
-from app.store.schema import events as event_rows
+from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +62,6 @@ POSTGRES_WRITERS = 4
 """Concurrent group-commit transactions on PostgreSQL (SQLite has one writer anyway)."""
 
 T = TypeVar("T")
-
-RESTARTED_CODE = "server_restarted"
-RESTARTED_MESSAGE = "The server stopped before this response finished; it was not completed."
-MAX_CHAIN_DEPTH = 1_000_000
-"""A guard against a cycle, which the write path cannot create."""
-PURGE_BATCH = 500
 
 
 class SqlResponseStore(ResponseStore):
@@ -217,19 +190,19 @@ class SqlResponseStore(ResponseStore):
 
     async def begin(self, response: NewResponse) -> None:
         # visible at once, on disk with the response's end at the latest (group_commit)
-        await self._write(functools.partial(_begin, *self._begin_rows(response)), flush=False)
+        await self._write(functools.partial(statements.write_begin, *self._begin_rows(response)), flush=False)
 
     async def finish(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
-        status = _status(resource)
+        status = statements.status_of(resource)
         if status not in TERMINAL:
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        output_rows = _item_rows(response_id, "output", output_items)
+        output_rows = statements.rows_of_items(response_id, "output", output_items)
         body = await self._packer(events)
-        return await self._write(functools.partial(_finish, tenant, response_id, status, resource, output_rows, body))
+        return await self._write(functools.partial(statements.write_finish, tenant, response_id, status, resource, output_rows, body))
 
     async def record(
         self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
@@ -237,14 +210,14 @@ class SqlResponseStore(ResponseStore):
         # Nobody else can know the id yet (see the base class): no row to lock or update,
         # the row goes in already finished, with its items (and events, if kept): two or
         # three statements.
-        status = _status(resource)
+        status = statements.status_of(resource)
         if status not in TERMINAL:
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        now = _now_ms()
+        now = statements.now_ms()
         row, item_rows = self._begin_rows(response, final={"status": status, "resource": resource,
                                                            "finished_at": now, "updated_at": now},
                                           output_items=output_items)
-        return await self._write(functools.partial(_record, row, item_rows, await self._packer(events)))
+        return await self._write(functools.partial(statements.write_record, row, item_rows, await self._packer(events)))
 
     def _begin_rows(
         self, response: NewResponse, *, final: JSON | None = None, output_items: Sequence[JSON] = ()
@@ -260,15 +233,15 @@ class SqlResponseStore(ResponseStore):
             "created_at": response.created_at,
             "model": response.model,
             "previous_response_id": response.previous_response_id,
-            "instructions": _plain_text(response.instructions),
+            "instructions": statements.plain_text(response.instructions),
             "tools": response.tools,
             "resource": response.resource,
             "background": response.background,
             "owner": self.instance_id,
-            "updated_at": _now_ms(),
+            "updated_at": statements.now_ms(),
         } | (final or {})
-        item_rows = _item_rows(response.id, "input", response.input_items)
-        item_rows += _item_rows(response.id, "output", output_items)
+        item_rows = statements.rows_of_items(response.id, "input", response.input_items)
+        item_rows += statements.rows_of_items(response.id, "output", output_items)
         return row, item_rows
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
@@ -277,11 +250,11 @@ class SqlResponseStore(ResponseStore):
 
         # a step between starts (queued -> in_progress) is flushed with the end; a cancel
         # is an end
-        await self._write(functools.partial(_set_status, tenant, response_id, status, resource),
+        await self._write(functools.partial(statements.write_status, tenant, response_id, status, resource),
                           flush=status == "cancelled")
 
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
-        stored, cancelled = await self._write(functools.partial(_cancel, tenant, response_id,
+        stored, cancelled = await self._write(functools.partial(statements.write_cancel, tenant, response_id,
                                                                  notify=not self.is_sqlite))
         if cancelled and self._notices is not None:
             self._notices.recorded(tenant, response_id)
@@ -322,7 +295,7 @@ class SqlResponseStore(ResponseStore):
         return [(row.tenant, row.id) for row in rows]
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return await self._write(functools.partial(_delete, tenant, response_id, lock_root=not self.is_sqlite))
+        return await self._write(functools.partial(statements.write_delete, tenant, response_id, lock_root=not self.is_sqlite))
 
     async def recover(self) -> int:
         async with self._recover_lock:
@@ -339,7 +312,7 @@ class SqlResponseStore(ResponseStore):
             for owner in owners:
                 async with liveness.claim_if_dead(owner) as dead:
                     if dead:
-                        recovered += await self._write(functools.partial(_fail_rows_of, owner=owner))
+                        recovered += await self._write(functools.partial(statements.fail_rows_of, owner=owner))
             if recovered:
                 log.warning("Marked %d response(s) left unfinished by a stopped server as failed.", recovered)
             return recovered
@@ -371,14 +344,14 @@ class SqlResponseStore(ResponseStore):
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         params = {"b_tenant": tenant, "b_id": response_id}
-        row = await self._read(lambda connection: connection.execute(_GET, params).first())
-        return None if row is None else _stored(row)
+        row = await self._read(lambda connection: connection.execute(statements.GET_RESPONSE, params).first())
+        return None if row is None else statements.stored_response(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
         """Two statements whatever the depth: the links (a recursive CTE up
         ``previous_response_id``), then all their items (the same CTE joined to
         ``items``), in one snapshot."""
-        ancestry = _ancestry_cte(tenant, response_id, visible_start=True)
+        ancestry = statements.ancestry_cte(tenant, response_id, visible_start=True)
         links_query = (
             select(ancestry.c.id, responses.c.tools)
             .join(responses, responses.c.id == ancestry.c.id)
@@ -427,7 +400,7 @@ class SqlResponseStore(ResponseStore):
             )
             query = query.where(items.c.position > cursor if ascending else items.c.position < cursor)
         query = query.order_by(items.c.position.asc() if ascending else items.c.position.desc()).limit(limit + 1)
-        visible = select(responses.c.id).where(_visible(tenant, response_id))
+        visible = select(responses.c.id).where(statements.visible_where(tenant, response_id))
 
         def work(connection: Connection) -> Sequence[Any] | None:
             if connection.scalar(visible) is None:
@@ -441,338 +414,5 @@ class SqlResponseStore(ResponseStore):
 
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
         params = {"b_tenant": tenant, "b_id": response_id}
-        body = await self._read(lambda connection: connection.scalar(_EVENTS, params))
+        body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params))
         return None if body is None else await unpack_events(body)
-
-
-# -- statements ------------------------------------------------------------------------
-
-_INSERT_RESPONSE = Direct(insert(responses))
-_INSERT_ITEM = Direct(insert(items))
-_INSERT_EVENTS = Direct(insert(event_rows))
-"""Built once, and run on SQLite by the driver itself (:mod:`app.store.direct`), as are
-``_LOCK`` and ``_FINISH`` below."""
-
-
-def _status(resource: Document) -> Any:
-    return resource.status if isinstance(resource, Serialized) else resource.get("status")
-
-
-# -- writes: functions of a connection and plain values, so that SQLite's writer process
-# can be sent them (app.store.sqlite_writer)
-
-
-def _begin(row: dict[str, Any], item_rows: list[dict[str, Any]], connection: Connection) -> None:
-    """A response's row and its items."""
-    previous = row["previous_response_id"]
-    if previous is not None:
-        visible = select(responses.c.id).where(_visible(row["tenant"], previous))
-        if connection.scalar(visible.with_for_update(read=True)) is None:
-            raise PreviousResponseNotFound(
-                f"Previous response with id '{previous}' not found.", param="previous_response_id"
-            )
-    try:
-        _INSERT_RESPONSE.execute(connection, row)
-    except IntegrityError as error:
-        raise StoreConflict(f"Response '{row['id']}' already exists.") from error
-    if item_rows:
-        _INSERT_ITEM.execute(connection, item_rows)
-
-
-def _record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
-            connection: Connection) -> bool:
-    """A response recorded whole: its row (already finished), its items and its events
-    (none kept: ``body`` is ``None``)."""
-    _begin(row, item_rows, connection)
-    if body is not None:
-        _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
-    return True
-
-
-def _finish(tenant: str, response_id: str, status: str, resource: Document, output_rows: list[dict[str, Any]],
-            body: Callable[[], bytes] | None, connection: Connection) -> bool:
-    now = _now_ms()
-    # the row is locked and finished in one statement, if it is still running; only
-    # otherwise is it read, to say why (one statement fewer on the usual path)
-    if not _FINISH.execute(connection, {"b_id": response_id, "b_tenant": tenant, "status": status,
-                                        "resource": resource, "updated_at": now, "finished_at": now}):
-        current = _lock_for_update(connection, tenant, response_id)
-        if current.deleted_at is not None or current.status == "cancelled":
-            return False
-        raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-    if output_rows:
-        _INSERT_ITEM.execute(connection, output_rows)
-    if body is not None:
-        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
-    return True
-
-
-def _set_status(tenant: str, response_id: str, status: str, resource: Document, connection: Connection) -> None:
-    current = _lock_for_update(connection, tenant, response_id)
-    if current.deleted_at is not None or current.status == "cancelled":
-        return
-    if current.finished_at is not None:
-        raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-    now = _now_ms()
-    values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
-    if status == "cancelled":
-        values["finished_at"] = now
-    connection.execute(update(responses).where(responses.c.id == response_id).values(values))
-
-
-def _cancel(tenant: str, response_id: str, connection: Connection, *,
-            notify: bool) -> tuple[StoredResponse | None, bool]:
-    """``notify``: send ``pg_notify`` at commit, and only if the cancel commits (PostgreSQL)."""
-    row = (
-        connection.execute(select(*_STORED_COLUMNS).where(_visible(tenant, response_id)).with_for_update())
-    ).first()
-    if row is None:
-        return None, False
-    if row.status in TERMINAL:
-        return _stored(row), False
-    resource = cancelled_resource(row.resource)
-    now = _now_ms()
-    connection.execute(
-        update(responses)
-        .where(responses.c.id == response_id)
-        .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
-    )
-    if notify:
-        connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
-    return _stored(row, status="cancelled", resource=resource), True
-
-
-def _delete(tenant: str, response_id: str, connection: Connection, *, lock_root: bool) -> bool:
-    """``lock_root``: take the chain's root row for update first (PostgreSQL; SQLite's
-    one writer serializes deletes anyway)."""
-    path = _ancestry(connection, tenant, response_id, visible_start=True)
-    if not path:
-        return False
-    if lock_root:
-        root = path[-1].id
-        connection.execute(select(responses.c.id).where(responses.c.id == root).with_for_update())
-    now = _now_ms()
-    marked = connection.execute(
-        update(responses)
-        .where(_visible(tenant, response_id))
-        .values(deleted_at=now, updated_at=now)
-    )
-    if marked.rowcount == 0:
-        return False
-    connection.execute(delete(event_rows).where(event_rows.c.response_id == response_id))
-    unneeded = _unneeded_after_delete(connection, tenant, response_id)
-    for start in range(0, len(unneeded), PURGE_BATCH):
-        batch = unneeded[start : start + PURGE_BATCH]
-        connection.execute(delete(items).where(items.c.response_id.in_(batch)))
-        connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
-    return True
-
-
-_STORED_COLUMNS = (
-    responses.c.id,
-    responses.c.tenant,
-    responses.c.status,
-    responses.c.created_at,
-    responses.c.model,
-    responses.c.previous_response_id,
-    responses.c.instructions,
-    responses.c.tools,
-    responses.c.resource,
-    responses.c.background,
-)
-
-_BY_ID = (responses.c.id == bindparam("b_id")) & (responses.c.tenant == bindparam("b_tenant"))
-_GET = select(*_STORED_COLUMNS).where(_BY_ID & responses.c.deleted_at.is_(None))
-_EVENTS = (select(event_rows.c.body).join(responses, responses.c.id == event_rows.c.response_id)
-           .where(_BY_ID & responses.c.deleted_at.is_(None)))
-_LOCK = Direct(
-    select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(_BY_ID).with_for_update()
-)
-_FINISH = Direct(update(responses).where(_BY_ID & responses.c.deleted_at.is_(None) & responses.c.finished_at.is_(None)))
-"""A running response's end; it matches no row once the response was deleted or ended
-(a cancel ends it too: every end sets ``finished_at``), or if it was never begun."""
-"""The statements of the hot path, built once: SQLAlchemy compiles each once and reuses
-the compiled form, where one built per call pays for its construction and cache key."""
-
-
-def _stored(row: Row[Any], *, status: str | None = None, resource: JSON | None = None) -> StoredResponse:
-    return StoredResponse(
-        id=row.id,
-        tenant=row.tenant,
-        status=status or row.status,
-        created_at=row.created_at,
-        model=row.model,
-        previous_response_id=row.previous_response_id,
-        instructions=row.instructions,
-        tools=row.tools,
-        resource=resource if resource is not None else row.resource,
-        background=bool(row.background),
-    )
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _visible(tenant: str, response_id: str) -> ColumnElement[bool]:
-    return (
-        (responses.c.id == response_id) & (responses.c.tenant == tenant) & responses.c.deleted_at.is_(None)
-    )
-
-
-def _item_rows(response_id: str, role: str, documents: Sequence[JSON]) -> list[dict[str, Any]]:
-    return [
-        {
-            "response_id": response_id,
-            "role": role,
-            "position": position,
-            "item_id": _item_id(document),
-            "item": document,
-        }
-        for position, document in enumerate(documents)
-    ]
-
-
-def _item_id(document: JSON) -> str | None:
-    value = document.get("id")
-    return _plain_text(value) if isinstance(value, str) else None
-
-
-def _plain_text(value: str | None) -> str | None:
-    """A client's text for a plain text column: PostgreSQL's ``text`` cannot hold NUL
-    (``invalid byte sequence for encoding "UTF8": 0x00``), so a request whose
-    ``instructions`` or item id held one failed to be recorded. NUL becomes U+FFFD in
-    these columns only; the response's own JSON (``resource``, the items), which every
-    read serves, keeps it (JSON escapes it as ``\\u0000``)."""
-    return value.replace("\x00", "\ufffd") if value and "\x00" in value else value
-
-
-def _ancestry_cte(
-    tenant: str, response_id: str, *, visible_start: bool, through_deleted_only: bool = False
-) -> CTE:
-    """``response_id`` and its ancestors (``depth`` 0 = the start), as a recursive CTE.
-    ``visible_start`` requires the start to be visible; ``through_deleted_only`` stops
-    the walk after the first ancestor that is not deleted."""
-    start = select(
-        responses.c.id,
-        responses.c.previous_response_id,
-        responses.c.deleted_at,
-        literal_column("0").label("depth"),
-    ).where(responses.c.id == response_id, responses.c.tenant == tenant)
-    if visible_start:
-        start = start.where(responses.c.deleted_at.is_(None))
-    ancestry = start.cte("ancestry", recursive=True)
-    parent = responses.alias("parent")
-    step = (
-        select(parent.c.id, parent.c.previous_response_id, parent.c.deleted_at, ancestry.c.depth + 1)
-        .join(ancestry, parent.c.id == ancestry.c.previous_response_id)
-        .where(parent.c.tenant == tenant, ancestry.c.depth < MAX_CHAIN_DEPTH)
-    )
-    if through_deleted_only:
-        step = step.where(ancestry.c.deleted_at.is_not(None))
-    return ancestry.union_all(step)
-
-
-def _ancestry(
-    connection: Connection,
-    tenant: str,
-    response_id: str,
-    *,
-    visible_start: bool,
-    through_deleted_only: bool = False,
-) -> Sequence[Row[Any]]:
-    ancestry = _ancestry_cte(
-        tenant, response_id, visible_start=visible_start, through_deleted_only=through_deleted_only
-    )
-    return (connection.execute(select(ancestry).order_by(ancestry.c.depth))).all()
-
-
-class _Locked(NamedTuple):
-    status: str
-    finished_at: int | None
-    deleted_at: int | None
-
-
-def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> _Locked:
-    row = _LOCK.first(connection, {"b_tenant": tenant, "b_id": response_id})
-    if row is None:
-        raise StoreConflict(f"Response '{response_id}' was never begun.")
-    return _Locked(*row)
-
-
-def _unneeded_after_delete(connection: Connection, tenant: str, response_id: str) -> list[str]:
-    """The responses whose items nobody needs once ``response_id`` is deleted: it and
-    its deleted ancestors, from the bottom up, as long as none has a visible descendant.
-
-    One walk up (through deleted ancestors), one walk down from the topmost of them
-    (through deleted responses only: below a visible one nothing matters).
-    """
-    walk_up = _ancestry(connection, tenant, response_id, visible_start=False, through_deleted_only=True)
-    path = [row.id for row in walk_up if row.deleted_at is not None]
-    if not path:
-        return []
-    below = responses.alias("child")
-    start = select(responses.c.id, responses.c.previous_response_id, responses.c.deleted_at).where(
-        responses.c.id == path[-1]
-    )
-    subtree = start.cte("subtree", recursive=True)
-    subtree = subtree.union_all(
-        select(below.c.id, below.c.previous_response_id, below.c.deleted_at)
-        .join(subtree, below.c.previous_response_id == subtree.c.id)
-        .where(subtree.c.deleted_at.is_not(None))
-    )
-    nodes = (connection.execute(select(subtree))).all()
-    parent_of = {node.id: node.previous_response_id for node in nodes}
-    depth_on_path = {node_id: depth for depth, node_id in enumerate(path)}
-    needed_from = len(path)
-    for node in nodes:
-        if node.deleted_at is not None:
-            continue
-        ancestor = node.previous_response_id
-        while ancestor is not None and ancestor not in depth_on_path:
-            ancestor = parent_of.get(ancestor)
-        if ancestor is not None:
-            needed_from = min(needed_from, depth_on_path[ancestor])
-    return path[:needed_from]
-
-
-def _fail_rows_of(connection: Connection, *, owner: str) -> int:
-    rows = (
-        connection.execute(
-            select(responses.c.id, responses.c.resource)
-            .where(responses.c.owner == owner, responses.c.finished_at.is_(None))
-            .with_for_update()
-        )
-    ).all()
-    if not rows:
-        return 0
-    now = _now_ms()
-    connection.execute(
-        update(responses)
-        .where(responses.c.id == bindparam("failed_id"))
-        .values(
-            status="failed",
-            resource=bindparam("failed_resource", type_=responses.c.resource.type),
-            updated_at=now,
-            finished_at=now,
-        ),
-        [{"failed_id": row.id, "failed_resource": failed_resource(row.resource)} for row in rows],
-    )
-    return len(rows)
-
-
-def failed_resource(resource: JSON) -> JSON:
-    """The snapshot of a response its server never finished: every field kept, the
-    status ``failed`` with a ``server_restarted`` error."""
-    return {
-        **resource,
-        "status": "failed",
-        "error": {"code": RESTARTED_CODE, "message": RESTARTED_MESSAGE},
-    }
-
-
-
-def cancelled_resource(resource: JSON) -> JSON:
-    """The snapshot of a response cancelled by a client where it is not running: the
-    latest snapshot, with ``status: "cancelled"`` (not ``incomplete``: no details)."""
-    return {**resource, "status": "cancelled", "incomplete_details": None}

@@ -365,7 +365,7 @@ def serve(sock: socket.socket, url: str, max_batch: int) -> None:
     """The writer's loop: take the writes waiting, commit them, answer; until EOF."""
     from app.store.database import SqliteDatabase
 
-    import app.store.sql  # noqa: F401 - the store's writes are its functions: imported before the first
+    import app.store.statements  # noqa: F401 - the store's writes are its functions: imported before the first
 
     database = SqliteDatabase(make_url(url))
     committer = Committer(database)

@@ -14,7 +14,8 @@ from app.protocol.responses import ResponseResource
 from app.store.base import StoreConflict
 from app.store.engines import sqlite_url
 from app.store.liveness import StoreInUse, instance_key
-from app.store.sql import RESTARTED_CODE, SqlResponseStore
+from app.store.sql import SqlResponseStore
+from app.store.statements import RESTARTED_CODE
 from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_id, new_response, row_count
 

@@ -42,7 +42,8 @@ import httpx
 
 from app.backends.base import ChatMessage
 from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
-from app.backends.local import DEFAULT_PARALLEL, Vocabulary
+from app.backends.local import DEFAULT_PARALLEL
+from app.backends.vocabulary import Vocabulary
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.config import Settings
 from bench.procfs import children_named, cpu_seconds, rss_mib

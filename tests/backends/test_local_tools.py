@@ -25,7 +25,8 @@ from app.backends.base import (
     ToolPolicy,
     ToolSpec,
 )
-from app.backends.local import LocalBackend, Vocabulary
+from app.backends.local import LocalBackend
+from app.backends.vocabulary import Vocabulary
 from app.backends.toolcalls import ToolCallParser
 from app.errors import InvalidRequest
 

@@ -15,7 +15,8 @@ from app.engine.compaction import compact_request
 from app.engine.images import check_images
 from app.engine.sealing import Sealer
 from app.engine.limits import check_counts
-from app.engine.validation import decode_json, parse_body
+from app.engine.body_decoding import decode_body
+from app.engine.validation import parse_body
 from app.protocol.compaction import CompactBody
 from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for
 
@@ -31,7 +32,7 @@ async def compact_response(request: Request, engine: EngineDep, tenant: TenantDe
     """Summarise the conversation (``previous_response_id`` chain plus ``input``) into a
     window to start a new chain from."""
     async with await limiter.acquire(tenant):
-        data = decode_json(await request.body(), engine.limits)
+        data = await decode_body(await request.body(), engine.limits)
         if isinstance(data, dict):
             check_counts(data, engine.limits)
         body = parse_body(CompactBody, data)

@@ -19,7 +19,7 @@ from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Emitted, Turn
-from app.engine.validation import decode_json
+from app.engine.body_decoding import decode_body
 from app.errors import InvalidRequest, NotFound, ORSError
 from app.protocol.responses import ResponseResource
 from app.store.base import ResponseStore
@@ -101,7 +101,7 @@ async def create_response(request: Request) -> Response:
     lease = await state.limiter.acquire(tenant)
     try:
         turn = await engine.prepare(
-            decode_json(await request.body(), engine.limits),
+            await decode_body(await request.body(), engine.limits),
             tenant=tenant,
             history=history_for(engine, tenant),
         )

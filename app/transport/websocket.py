@@ -51,7 +51,7 @@ from app.engine.history import History, HistorySource, NoHistory, StoredHistory,
 from app.engine.runs import LiveTurns
 from app.engine.engine import Engine
 from app.engine.turn import Turn
-from app.engine.validation import decode_json
+from app.engine.body_decoding import decode_body
 from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
@@ -218,7 +218,7 @@ class Connection:
 
     async def _turn(self, frame: str) -> None:
         try:
-            data = _create_event(frame, self.engine.limits)
+            data = await _create_event(frame, self.engine.limits)
             lease = await self.limiter.acquire(self.tenant)
         except ORSError as error:
             await self._send(error.websocket_envelope())
@@ -270,10 +270,10 @@ class _Fixed(HistorySource):
         return self.history
 
 
-def _create_event(frame: str | None, limits: RequestLimits) -> dict[str, Any]:
+async def _create_event(frame: str | None, limits: RequestLimits) -> dict[str, Any]:
     if frame is None:
         raise InvalidRequest("Frames must be text holding one JSON object.", code="invalid_json")
-    data = decode_json(frame, limits, what="frame")
+    data = await decode_body(frame, limits, what="frame")
     if not isinstance(data, dict):
         raise InvalidRequest("A frame must be a JSON object.", code="invalid_type")
     if data.get("type") != "response.create":

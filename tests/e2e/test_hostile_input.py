@@ -116,6 +116,19 @@ def test_a_body_of_too_many_values_is_a_400_and_one_just_under_is_served(client:
     assert reply.status_code == 200, reply.text[:300]
 
 
+def test_a_body_of_33_mb_of_small_values_is_a_400_and_a_large_text_comes_through_whole(client: Client) -> None:
+    """Bodies over a mebibyte are decoded by a worker process (``engine/body_decoding.py``):
+    the refusal is the same 400, and what is accepted arrives exactly as sent."""
+    raw = json.dumps({"model": "scripted-text", "input": _parts(900_000)}).encode()
+    assert len(raw) > 33_000_000
+    error = client.error(None, 400, raw=raw)
+    assert (error["code"], error["param"]) == ("too_many_json_values", "input")
+    text = "Grüße, \"quoted\" \u2028 and commas, " * 150_000  # 5 MB
+    response = client.create(model="scripted-text", input=text)
+    items = client.http.get(f"/v1/responses/{response['id']}/input_items").json()["data"]
+    assert items[0]["content"][0]["text"] == text
+
+
 def test_a_frame_of_too_many_values_is_an_error_envelope(server: LiveServer) -> None:
     url = server.url.replace("http://", "ws://") + "/v1/responses"
     with connect(url, open_timeout=10, max_size=None) as ws:

@@ -129,7 +129,8 @@ def test_a_body_of_33_mb_of_small_values_is_a_400_and_a_large_text_comes_through
     assert items[0]["content"][0]["text"] == text
 
 
-def test_a_frame_of_too_many_values_is_an_error_envelope(server: LiveServer) -> None:
+def test_a_frame_of_too_many_values_is_an_error_envelope_and_a_large_frame_is_served(
+        server: LiveServer, client: Client) -> None:
     url = server.url.replace("http://", "ws://") + "/v1/responses"
     with connect(url, open_timeout=10, max_size=None) as ws:
         over = {"type": "response.create", "model": "scripted-text", "input": _parts(DEFAULT_MAX_JSON_VALUES // 3 + 1)}
@@ -137,6 +138,14 @@ def test_a_frame_of_too_many_values_is_an_error_envelope(server: LiveServer) -> 
         envelope = json.loads(ws.recv(timeout=30))
         validate_ws_error(envelope)
         assert (envelope["error"]["code"], envelope["error"]["param"]) == ("too_many_json_values", "input")
+        # a large frame that is valid is answered, and its text arrives whole
+        text = "Grüße, \"quoted\", " * 150_000  # 3 MB, decoded by the worker process
+        ws.send(json.dumps({"type": "response.create", "model": "scripted-text", "input": text}))
+        while (event := json.loads(ws.recv(timeout=30)))["type"] != "response.completed":
+            assert event["type"] != "error", event
+        response_id = event["response"]["id"]
+    items = client.http.get(f"/v1/responses/{response_id}/input_items").json()["data"]
+    assert items[0]["content"][0]["text"] == text
 
 
 def test_too_many_tools(client: Client) -> None:

@@ -9,9 +9,15 @@ what llama.cpp already does best, so this server does not do it again in Python:
 * **One KV cache for all slots** (``--kv-unified``): any one sequence may use the whole
   context window; the slots together share it.
 * **A prompt cache that outlives requests.** A slot keeps its KV state after its request
-  ends and the next request with a shared prefix reuses it; idle slots' states also move
-  into a host-memory cache (``--cache-ram`` MiB, least recently used out), from which any
-  slot can restore the longest matching prefix.
+  ends and the next request with a shared prefix reuses it. When a request takes a slot
+  and keeps less than half of what it held, that state first moves into a host-memory
+  cache (``--cache-ram`` MiB, least recently used out), from which the slot loads the
+  longest matching prefix for its new prompt. Idle slots are left whole
+  (``--no-cache-idle-slots``): by default, with a unified KV cache, llama-server moves
+  every idle slot into the host cache and empties it each time a request starts, and a
+  request pinned to an emptied slot (``id_slot``, as ``local.py`` sends them) never
+  looks in the host cache, so it evaluated its whole prompt again. When the KV cache is
+  full, llama-server still purges idle slots, one at a time, to make room.
 * **Persistence.** :meth:`LlamaServer.save_slots` writes every slot's state under
   ``slot_dir`` (at shutdown); :meth:`LlamaServer.restore_slots` loads them back at the next
   start, so a restarted server answers a known prefix from cache.
@@ -114,6 +120,7 @@ class ServerOptions:
             "--batch-size", str(self.batch),
             "--ubatch-size", str(self.batch),
             "--cache-ram", str(self.cache_ram_mib),
+            "--no-cache-idle-slots",  # see the module docstring
             "--cache-type-k", self.kv_type,
             "--cache-type-v", self.kv_type,
             "--slot-save-path", str(self.slot_dir),

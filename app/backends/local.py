@@ -14,10 +14,13 @@ Requests, the contract in full:
 * A model is started lazily (or in ``start()``); concurrent first requests share one start.
 * Each generation holds one slot of the model's :class:`~app.backends.slots.SlotPool` from
   the moment it is sent until its stream ends, and is pinned to that llama-server slot
-  (``id_slot``), so this process always knows which prefix each slot's KV cache holds.
-  A free slot is chosen by the request's ``prompt_cache_key`` (its home slot, if free),
-  else by the longest prefix shared with what the slot last held. More requests than slots
-  wait in FIFO order, at most ``queue`` of them; beyond that, ``429 too_many_requests``.
+  (``id_slot``), so this process always knows which prefix each slot's KV cache holds
+  (llama-server runs with ``--no-cache-idle-slots``, so it does not empty idle slots
+  behind our back; see ``llama_server``). A free slot is chosen by
+  :meth:`LocalModel.ranker`: the request's ``prompt_cache_key`` (its home slot, if free),
+  else the longest prefix shared with what a slot holds, else an empty slot, else the
+  least recently used. More requests than slots wait in FIFO order, at most ``queue`` of
+  them; beyond that, ``429 too_many_requests``.
 * The prompt is sent as token ids (tokenized once here, with special tokens parsed), with
   ``cache_prompt``: the shared prefix is not evaluated again, and ``cached_tokens`` in the
   usage is llama-server's own count of reused tokens.
@@ -141,18 +144,34 @@ class LocalModel:
         self.slots = slots
         self.context_window = server.options.context
         self.held: list[np.ndarray] = [np.zeros(0, dtype=np.int32) for _ in range(slots.size)]
+        self.used = [0] * slots.size
+        """When each slot was last given a prompt (a count of prompts given, 0: never)."""
+        self._given = 0
         self.keys: dict[str, int] = {}
         """``prompt_cache_key`` → the slot that last served it, the :attr:`keys_kept` most
         recently used (a client may send a new key with every request)."""
 
-    def ranker(self, tokens: np.ndarray, cache_key: str | None) -> Callable[[int], float]:
-        """How well each slot suits a prompt: its ``prompt_cache_key``'s slot first, then
-        the longest prefix shared with what the slot holds."""
+    def ranker(self, tokens: np.ndarray, cache_key: str | None) -> Callable[[int], tuple[int, int, int, int]]:
+        """How well each slot suits a prompt, highest first:
+
+        1. the slot of its ``prompt_cache_key``;
+        2. the longest prefix shared with what a slot holds, if that prefix is worth
+           reusing: more than a tenth of the prompt (llama-server's own
+           ``--slot-prompt-similarity``) or at least half of what the slot holds. A few
+           tokens of chat template in common are not: reusing them would push out a
+           conversation that a later request may want whole;
+        3. an empty slot;
+        4. the least recently used slot. Its content is overwritten; llama-server first
+           moves it to its host-memory cache (``--cache-ram``) when less than half of it
+           is kept, so a later request can still load it back.
+        """
         home = self.keys.get(cache_key) if cache_key else None
 
-        def rank(slot: int) -> float:
-            bonus = float(len(tokens) + 1) if slot == home else 0.0
-            return bonus + _shared_prefix(self.held[slot], tokens)
+        def rank(slot: int) -> tuple[int, int, int, int]:
+            held = self.held[slot]
+            shared = _shared_prefix(held, tokens)
+            worth = shared > 0 and (10 * shared > len(tokens) or 2 * shared >= len(held))
+            return (slot == home, shared if worth else 0, not len(held), -self.used[slot])
 
         return rank
 
@@ -163,6 +182,8 @@ class LocalModel:
 
     def remember(self, slot: int, tokens: np.ndarray, cache_key: str | None) -> None:
         self.held[slot] = tokens
+        self._given += 1
+        self.used[slot] = self._given
         if cache_key:
             keys = self.keys
             keys.pop(cache_key, None)  # the most recently used last
@@ -244,7 +265,7 @@ class LocalBackend(Backend):
         share); ``preload`` lists models to start in ``start()``; ``models`` limits the
         served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes the parser
         of each generation's text; ``parallel`` slots per model, ``queue`` requests may wait
-        for one; ``cache_ram_mib`` of host memory keep idle slots' prompt caches;
+        for one; ``cache_ram_mib`` of host memory keep prompt caches pushed out of slots;
         ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``chunk`` the prompt
         tokens evaluated per step beside running streams; ``server_binary`` the
         llama-server executable (default: the installed one).

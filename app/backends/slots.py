@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from app.errors import TooManyRequests
 
@@ -46,9 +47,10 @@ class SlotPool:
         if not self._free and self.waiting >= self.queue:
             raise self._full()
 
-    async def acquire(self, rank: Callable[[int], float] | None = None) -> int:
+    async def acquire(self, rank: Callable[[int], Any] | None = None) -> int:
         """A slot for the caller: the free slot ``rank`` scores highest, or the next one
-        released. Raises ``TooManyRequests`` when the queue is full."""
+        released (``rank``'s scores need only compare; ties go to the lowest slot).
+        Raises ``TooManyRequests`` when the queue is full."""
         if self._free:
             slot = max(sorted(self._free), key=rank) if rank is not None else min(self._free)
             self._free.discard(slot)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -456,3 +457,47 @@ async def test_only_the_most_recent_prompt_cache_keys_are_kept(
     assert list(loaded.keys) == ["k2", "k3"]
     await turn("k2")
     assert list(loaded.keys) == ["k3", "k2"]
+
+
+def preambled(preamble: str, question: str, max_tokens: int = 4) -> GenerationRequest:
+    return GenerationRequest(model=SMOLLM2, messages=(ChatMessage("system", preamble), ChatMessage("user", question)),
+                             sampling=Sampling(max_output_tokens=max_tokens, temperature=0.0))
+
+
+async def test_conversations_that_share_nothing_keep_slots_of_their_own(tmp_path: Path) -> None:
+    """Without any key, two conversations that have only the chat template in common take
+    separate slots, so alternating between them keeps finding each one whole. (The host
+    memory cache is off here: a conversation pushed out of its slot would be lost.)"""
+    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2], preload=[SMOLLM2], cache_ram_mib=0)
+    await backend.start()
+    try:
+        pirate, librarian = "You are a pirate. " * 50, "You are a librarian. " * 50
+        for preamble in (pirate, librarian):
+            await collect(backend, preambled(preamble, "Hello"))
+        for preamble in (pirate, librarian):
+            finish = (await collect(backend, preambled(preamble, "Who are you?")))[-1]
+            assert isinstance(finish, Finish) and finish.usage is not None
+            assert finish.usage.cached_tokens > 250, finish.usage
+    finally:
+        await backend.aclose()
+
+
+async def test_idle_slots_give_way_to_a_prompt_that_needs_the_whole_window(tmp_path: Path) -> None:
+    """Idle slots keep their KV state, which takes room in the shared cache; a prompt that
+    needs nearly the whole window still runs (llama-server purges idle slots for it), and
+    the slots left whole still serve their conversations from cache."""
+    backend = LocalBackend(tmp_path, n_threads=2, n_ctx=2048, models=[SMOLLM2], preload=[SMOLLM2])
+    await backend.start()
+    try:
+        preambles = [f"You are helper number {k}, who likes the colour {colour}. " * 30
+                     for k, colour in enumerate(("red", "green", "blue"))]
+        for preamble in preambles:
+            await collect(backend, preambled(preamble, "Hello"))
+        words = " ".join(random.choice(["alpha", "beta", "gamma", "delta", "kappa", "omega"]) for _ in range(1500))
+        finish = (await collect(backend, preambled("Answer briefly.", f"{words}\nSay yes.", max_tokens=16)))[-1]
+        assert isinstance(finish, Finish) and finish.usage is not None
+        assert 1500 < finish.usage.input_tokens < 2048 - 16 and finish.usage.output_tokens > 0
+        finish = (await collect(backend, preambled(preambles[2], "Hello again")))[-1]
+        assert isinstance(finish, Finish) and finish.usage is not None and finish.usage.output_tokens > 0
+    finally:
+        await backend.aclose()

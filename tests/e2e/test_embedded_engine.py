@@ -91,6 +91,29 @@ def test_the_shared_prefix_of_a_new_conversation_is_reported_cached(client: Clie
     assert cached < second["usage"]["input_tokens"]
 
 
+def test_conversations_continued_at_once_each_find_their_prefix_cached(client: Client) -> None:
+    """Four conversations, each with instructions of its own, run at once; then each is
+    continued, again all at once. Every continuation finds its instructions in the cache:
+    llama-server may not clear the idle slots, whose content this server routes by, when
+    the first of them starts (it does by default with a unified KV cache, and a request
+    sent to a cleared slot evaluates its whole prompt again)."""
+    nonce = random.randrange(10**9)
+    instructions = [f"Conversation {nonce}-{k}. You are assistant number {k} of a help desk. " * 30
+                    for k in range(4)]
+
+    def one(k: int, question: str) -> dict[str, Any]:
+        return client.create(model=SMOL, instructions=instructions[k], input=question, max_output_tokens=16,
+                             temperature=0, store=False)
+
+    with ThreadPoolExecutor(4) as pool:
+        first = list(pool.map(lambda k: one(k, "Hello."), range(4)))
+        again = list(pool.map(lambda k: one(k, "What can you do?"), range(4)))
+    for before, after in zip(first, again):
+        cached = after["usage"]["input_tokens_details"]["cached_tokens"]
+        # the instructions (about 600 tokens) and the template before them are shared
+        assert cached >= before["usage"]["input_tokens"] - 20, (cached, before["usage"], after["usage"])
+
+
 def test_a_long_prompt_is_evaluated_in_chunks_between_a_running_streams_tokens(client: Client) -> None:
     """A new prompt of about 2,500 tokens arrives beside a running stream. It is evaluated
     in chunks (``ORS_MODEL_CHUNK``, 128 tokens by default), each a step of the shared batch

@@ -12,7 +12,9 @@ Figures (printed, and written to ``bench/results/embedded-<time>.json`` and ``.p
   (``--rounds``; the median of each side), so the machine's drift within a run does not
   land on one side; with the CPU time ors's own process spends per token;
 * aggregate decode of 4 concurrent streams, and its ratio to one stream (the same
-  rounds);
+  rounds), with how far apart the four first tokens came and how much of the four
+  prompts was found cached (each round sends the same four prompts again, so from the
+  second round on each should be found whole);
 * time to first token of a new conversation whose long instruction prefix (``--prefix``
   tokens, about what a coding agent sends) is: not cached (cold), cached by an earlier
   conversation, and cached before a restart of ors;
@@ -70,6 +72,9 @@ class Stream:
     first: float
     end: float
     tokens: int
+    prompt: int = 0
+    """Prompt tokens, and of them ``cached``: found in the KV cache, not evaluated."""
+    cached: int = 0
 
     @property
     def rate(self) -> float:
@@ -142,7 +147,7 @@ async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predi
                            sampling: dict[str, Any], ticks: Ticks | None = None) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
-    tokens = 0
+    tokens = cached = 0
     body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": True, "stream": True, **sampling,
             "temperature": 0.0}
     async with client.stream("POST", "/completion", json=body) as reply:
@@ -158,8 +163,10 @@ async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predi
                     break
             if chunk.get("stop"):
                 end = time.perf_counter()
-                tokens = int(chunk.get("timings", {}).get("predicted_n", 0))
-    return Stream(first - started, end - started, tokens)
+                timings = chunk.get("timings", {})
+                tokens = int(timings.get("predicted_n", 0))
+                cached = int(timings.get("cache_n", 0))
+    return Stream(first - started, end - started, tokens, len(prompt), cached)
 
 
 def _raw_sampling(model: str) -> dict[str, Any]:
@@ -199,7 +206,7 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, server: LlamaServer, in
 async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any], ticks: Ticks | None = None) -> Stream:
     started = time.perf_counter()
     first = end = 0.0
-    tokens = 0
+    tokens = prompt = cached = 0
     async with client.stream("POST", "/v1/responses", json={**body, "stream": True, "store": False}) as reply:
         async for line in reply.aiter_lines():
             if not line.startswith("data: {"):
@@ -213,8 +220,11 @@ async def _ors_stream(client: httpx.AsyncClient, body: dict[str, Any], ticks: Ti
                     break
             if event["type"] in ("response.completed", "response.incomplete", "response.failed"):
                 end = time.perf_counter()
-                tokens = int((event["response"].get("usage") or {}).get("output_tokens", 0))
-    return Stream(first - started, end - started, tokens)
+                usage = event["response"].get("usage") or {}
+                tokens = int(usage.get("output_tokens", 0))
+                prompt = int(usage.get("input_tokens", 0))
+                cached = int((usage.get("input_tokens_details") or {}).get("cached_tokens", 0))
+    return Stream(first - started, end - started, tokens, prompt, cached)
 
 
 def _ors_server(data_dir: Path, model: str) -> ServerProcess:
@@ -280,6 +290,13 @@ async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, or
 
     singles: dict[str, list[float]] = {"raw": [], "ors": []}
     batches: dict[str, list[float]] = {"raw": [], "ors": []}
+    spreads: dict[str, list[float]] = {"raw": [], "ors": []}
+    reuse: dict[str, list[float]] = {"raw": [], "ors": []}
+
+    def four(side: str, many: list[Stream]) -> None:
+        batches[side].append(_aggregate(many))
+        spreads[side].append(max(s.first for s in many) - min(s.first for s in many))
+        reuse[side].append(sum(s.cached for s in many) / max(sum(s.prompt for s in many), 1))
     ors_cpu_per_token: list[float] = []
     async with httpx.AsyncClient(base_url=raw.base_url, timeout=None) as raw_client, \
             httpx.AsyncClient(base_url=ors.url, timeout=None) as ors_client:
@@ -293,7 +310,7 @@ async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, or
                 for k in range(DEFAULT_PARALLEL)
             ])
             singles["raw"].append(one.rate)
-            batches["raw"].append(_aggregate(many))
+            four("raw", many)
 
         async def ors_round() -> None:
             before = cpu_seconds(ors_pid)
@@ -302,7 +319,7 @@ async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, or
             many = await asyncio.gather(*[_ors_stream(ors_client, ask(f"{QUESTION} ({k})"))
                                           for k in range(DEFAULT_PARALLEL)])
             singles["ors"].append(one.rate)
-            batches["ors"].append(_aggregate(many))
+            four("ors", many)
 
         for number in range(rounds):
             first, second = (raw_round, ors_round) if number % 2 == 0 else (ors_round, raw_round)
@@ -310,7 +327,8 @@ async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, or
             await second()
     for side, into in (("raw", figures.raw), ("ors", figures.ors)):
         into.update(decode_1=statistics.median(singles[side]), decode_4=statistics.median(batches[side]),
-                    decode_1_rounds=singles[side], decode_4_rounds=batches[side])
+                    decode_1_rounds=singles[side], decode_4_rounds=batches[side],
+                    decode_4_first_spread_rounds=spreads[side], decode_4_cached_rounds=reuse[side])
     figures.ors["cpu_ms_per_token"] = 1000 * statistics.median(ors_cpu_per_token)
 
 
@@ -352,6 +370,14 @@ def _report(figures: Figures) -> dict[str, Any]:
     print(f"{'decode, 4 streams (tokens/s)':34}{raw['decode_4']:15.1f}{ors['decode_4']:12.1f}"
           f"   4/1: raw {ratios['raw_4_streams_over_1']:.2f}x, ors {ratios['ors_4_streams_over_1']:.2f}x"
           "  (target >= 2.5x)")
+    print(f"{'  each round (tokens/s)':34}{' '.join(f'{r:.1f}' for r in raw['decode_4_rounds']):>15}"
+          f"{' '.join(f'{r:.1f}' for r in ors['decode_4_rounds']):>20}")
+    print(f"{'  first tokens apart, each round (s)':34}"
+          f"{' '.join(f'{r:.2f}' for r in raw['decode_4_first_spread_rounds']):>15}"
+          f"{' '.join(f'{r:.2f}' for r in ors['decode_4_first_spread_rounds']):>20}")
+    print(f"{'  prompt tokens cached, each round':34}"
+          f"{' '.join(f'{r:.0%}' for r in raw['decode_4_cached_rounds']):>15}"
+          f"{' '.join(f'{r:.0%}' for r in ors['decode_4_cached_rounds']):>20}")
     print(f"{f'first token, {figures.prefix_tokens}-token prefix cold (s)':34}"
           f"{raw['ttft_cold']:15.2f}{ors['ttft_cold']:12.2f}")
     print(f"{'first token, prefix cached (s)':34}{raw['ttft_cached']:15.2f}{ors['ttft_cached']:12.2f}"

@@ -135,7 +135,7 @@ class _Plan:
 
 class LocalModel:
     """A loaded model: its vocabulary here, its llama-server there, its slots, and what
-    each slot's KV cache holds (the tokens it was last given, prompt and output)."""
+    each slot's KV cache begins with (the prompt it was last given; the output follows it)."""
 
     def __init__(self, spec: ModelSpec, vocabulary: Vocabulary, server: LlamaServer, slots: SlotPool) -> None:
         self.spec = spec

@@ -428,7 +428,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: int,
-              rounds: int = 3) -> dict[str, Any]:
+              rounds: int = 5) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
     data_dir = RESULTS / "data"
     work = RESULTS / "work"
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default=Settings().default_model, choices=sorted(LOCAL_MODELS))
     parser.add_argument("--prefix", type=int, default=6000, help="tokens of the shared instruction prefix")
     parser.add_argument("--decode", type=int, default=128, help="tokens per decode stream")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating decode rounds on each server")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating decode rounds on each server")
     parser.add_argument("--stall-prompt", type=int, default=1536,
                         help="tokens of the new prompt evaluated beside a running stream")
     arguments = parser.parse_args(argv)

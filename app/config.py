@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     model_queue: int = Field(default=32, ge=0)
     """Requests that may wait for a busy embedded model; one more is 429 too_many_requests."""
     model_cache_ram_mib: int = Field(default=2048, ge=0)
-    """Host memory (MiB) for prompt caches pushed out of slots, least recently used out (0: off)."""
+    """Host memory (MiB) for prompt caches of idle slots, least recently used out (0: off)."""
     model_kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     """The KV cache's type; q8_0 halves its memory at a small cost in quality."""
     model_chunk: int = Field(default=128, ge=16, le=8192)

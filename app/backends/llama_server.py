@@ -9,15 +9,12 @@ what llama.cpp already does best, so this server does not do it again in Python:
 * **One KV cache for all slots** (``--kv-unified``): any one sequence may use the whole
   context window; the slots together share it.
 * **A prompt cache that outlives requests.** A slot keeps its KV state after its request
-  ends and the next request with a shared prefix reuses it. When a request takes a slot
-  and keeps less than half of what it held, that state first moves into a host-memory
-  cache (``--cache-ram`` MiB, least recently used out), from which the slot loads the
-  longest matching prefix for its new prompt. Idle slots are left whole
-  (``--no-cache-idle-slots``): by default, with a unified KV cache, llama-server moves
-  every idle slot into the host cache and empties it each time a request starts, and a
-  request pinned to an emptied slot (``id_slot``, as ``local.py`` sends them) never
-  looks in the host cache, so it evaluated its whole prompt again. When the KV cache is
-  full, llama-server still purges idle slots, one at a time, to make room.
+  ends, and when a request starts every idle slot's state moves into a host-memory cache
+  (``--cache-ram`` MiB, least recently used out; ``--cache-idle-slots``, the default with
+  a unified KV cache), from which the slot a new request takes loads the longest
+  matching prefix. Idle slots emptied so keep no cells of the shared KV cache, which
+  every decoding step would otherwise attend over (see ARCHITECTURE.md for what that
+  costs here).
 * **Persistence.** :meth:`LlamaServer.save_slots` writes every slot's state under
   ``slot_dir`` (at shutdown); :meth:`LlamaServer.restore_slots` loads them back at the next
   start, so a restarted server answers a known prefix from cache.
@@ -120,7 +117,6 @@ class ServerOptions:
             "--batch-size", str(self.batch),
             "--ubatch-size", str(self.batch),
             "--cache-ram", str(self.cache_ram_mib),
-            "--no-cache-idle-slots",  # see the module docstring
             "--cache-type-k", self.kv_type,
             "--cache-type-v", self.kv_type,
             "--slot-save-path", str(self.slot_dir),
@@ -213,20 +209,27 @@ class LlamaServer:
 
     # ------------------------------------------------------------ slots
 
-    async def save_slots(self, names: Mapping[int, str]) -> None:
-        """Save the KV state of each slot ``i`` to ``slot_dir/names[i]``."""
+    async def save_slots(self, names: Mapping[int, str]) -> list[int]:
+        """Save the KV state of each slot ``i`` to ``slot_dir/names[i]``; the slots that
+        held something and were saved."""
+        saved = []
         for slot, name in names.items():
-            await self._slot_action(slot, "save", name)
+            reply = await self._slot_action(slot, "save", name)
+            if reply is not None and int(reply.get("n_saved", 0)) > 0:
+                saved.append(slot)
+        return saved
 
     async def restore_slots(self, names: Mapping[int, str]) -> list[int]:
         """Restore saved slot states; the slots that were restored."""
         restored = []
         for slot, name in names.items():
-            if (self.options.slot_dir / name).is_file() and await self._slot_action(slot, "restore", name):
+            if (self.options.slot_dir / name).is_file() and await self._slot_action(slot, "restore", name) is not None:
                 restored.append(slot)
         return restored
 
-    async def _slot_action(self, slot: int, action: str, name: str) -> bool:
+    async def _slot_action(self, slot: int, action: str, name: str) -> dict[str, Any] | None:
+        """``POST /slots/<slot>?action=...``: llama-server's answer, or None (logged) if it
+        could not."""
         client = self._require_client()
         try:
             async with client.post(f"/slots/{slot}", params={"action": action}, json={"filename": name},
@@ -234,11 +237,12 @@ class LlamaServer:
                 if reply.status != 200:
                     text = await reply.text(errors="replace")
                     log.warning("llama-server could not %s slot %d: %s", action, slot, text[:300])
-                    return False
-                return True
+                    return None
+                answer = await reply.json(content_type=None)
+                return answer if isinstance(answer, dict) else {}
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.warning("llama-server could not %s slot %d: %r", action, slot, exc)
-            return False
+            return None
 
     # ------------------------------------------------------------ generation
 

@@ -12,15 +12,20 @@ Each model has two halves:
 Requests, the contract in full:
 
 * A model is started lazily (or in ``start()``); concurrent first requests share one start.
-* Each generation holds one slot of the model's :class:`~app.backends.slots.SlotPool` from
-  the moment it is sent until its stream ends, and is pinned to that llama-server slot
-  (``id_slot``), so this process always knows which prefix each slot's KV cache holds
-  (llama-server runs with ``--no-cache-idle-slots``, so it does not empty idle slots
-  behind our back; see ``llama_server``). A free slot is chosen by
-  :meth:`LocalModel.ranker`: the request's ``prompt_cache_key`` (its home slot, if free),
-  else the longest prefix shared with what a slot holds, else an empty slot, else the
-  least recently used. More requests than slots wait in FIFO order, at most ``queue`` of
-  them; beyond that, ``429 too_many_requests``.
+* Each generation holds one place in the model's :class:`~app.backends.slots.SlotPool`
+  (as many as llama-server has slots) from the moment it is sent until its stream ends, so
+  llama-server always has a free slot for what it is sent and never queues work out of
+  sight. More requests than slots wait in FIFO order, at most ``queue`` of them; beyond
+  that, ``429 too_many_requests``.
+* Which slot, and which cached prefix, is llama-server's own choice: a request is not
+  pinned to a slot (``id_slot``). llama-server takes an idle slot whose prompt shares
+  enough of the new one, else the least recently used slot, which first loads the
+  longest matching prefix from the host-memory cache, where every idle slot's state
+  goes when a request starts (``--cache-idle-slots``, its default with a unified KV
+  cache). A pinned request skips that lookup when its slot is empty, which it almost
+  always is (llama.cpp issue 28139), so pinning lost the cache of every request that
+  started beside another. ``prompt_cache_key`` therefore changes nothing here: the cache
+  is found by the prompt's content.
 * The prompt is sent as token ids (tokenized once here, with special tokens parsed), with
   ``cache_prompt``: the shared prefix is not evaluated again, and ``cached_tokens`` in the
   usage is llama-server's own count of reused tokens.
@@ -44,7 +49,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -52,7 +56,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 
 from app.backends.base import (
     Backend,
@@ -134,8 +137,7 @@ class _Plan:
 
 
 class LocalModel:
-    """A loaded model: its vocabulary here, its llama-server there, its slots, and what
-    each slot's KV cache begins with (the prompt it was last given; the output follows it)."""
+    """A loaded model: its vocabulary here, its llama-server there, and its slots."""
 
     def __init__(self, spec: ModelSpec, vocabulary: Vocabulary, server: LlamaServer, slots: SlotPool) -> None:
         self.spec = spec
@@ -143,73 +145,22 @@ class LocalModel:
         self.server = server
         self.slots = slots
         self.context_window = server.options.context
-        self.held: list[np.ndarray] = [np.zeros(0, dtype=np.int32) for _ in range(slots.size)]
-        self.used = [0] * slots.size
-        """When each slot was last given a prompt (a count of prompts given, 0: never)."""
-        self._given = 0
-        self.keys: dict[str, int] = {}
-        """``prompt_cache_key`` → the slot that last served it, the :attr:`keys_kept` most
-        recently used (a client may send a new key with every request)."""
-
-    def ranker(self, tokens: np.ndarray, cache_key: str | None) -> Callable[[int], tuple[int, int, int, int]]:
-        """How well each slot suits a prompt, highest first:
-
-        1. the slot of its ``prompt_cache_key``;
-        2. the longest prefix shared with what a slot holds, if that prefix is worth
-           reusing: more than a tenth of the prompt (llama-server's own
-           ``--slot-prompt-similarity``) or at least half of what the slot holds. A few
-           tokens of chat template in common are not: reusing them would push out a
-           conversation that a later request may want whole;
-        3. an empty slot;
-        4. the least recently used slot. Its content is overwritten; llama-server first
-           moves it to its host-memory cache (``--cache-ram``) when less than half of it
-           is kept, so a later request can still load it back.
-        """
-        home = self.keys.get(cache_key) if cache_key else None
-
-        def rank(slot: int) -> tuple[int, int, int, int]:
-            held = self.held[slot]
-            shared = _shared_prefix(held, tokens)
-            worth = shared > 0 and (10 * shared > len(tokens) or 2 * shared >= len(held))
-            return (slot == home, shared if worth else 0, not len(held), -self.used[slot])
-
-        return rank
-
-    keys_kept = 1024
-    """How many ``prompt_cache_key``s are remembered: far more than the slots whose
-    prefixes they point to (a key whose slot has served many others since points at a
-    prefix long gone), few enough that keys made up per request cannot grow the map."""
-
-    def remember(self, slot: int, tokens: np.ndarray, cache_key: str | None) -> None:
-        self.held[slot] = tokens
-        self._given += 1
-        self.used[slot] = self._given
-        if cache_key:
-            keys = self.keys
-            keys.pop(cache_key, None)  # the most recently used last
-            keys[cache_key] = slot
-            if len(keys) > self.keys_kept:
-                del keys[next(iter(keys))]
 
     async def save(self) -> None:
-        """Save every slot that holds something, with a record of what it holds."""
-        names = {slot: f"slot-{slot}.bin" for slot, held in enumerate(self.held) if len(held)}
-        await self.server.save_slots(names)
-        record = {str(slot): self.held[slot].tolist() for slot in names}
-        (self.server.options.slot_dir / "slots.json").write_text(json.dumps({"held": record, "keys": self.keys}))
+        """Save every slot that holds something (``slot-<i>.bin``); a file of a slot that
+        is empty now is removed, so a restart does not restore what is gone."""
+        names = {slot: f"slot-{slot}.bin" for slot in range(self.slots.size)}
+        saved = await self.server.save_slots(names)
+        for slot, name in names.items():
+            if slot not in saved:
+                with contextlib.suppress(OSError):
+                    (self.server.options.slot_dir / name).unlink()
 
     async def restore(self) -> None:
         """Restore the slots saved by :meth:`save` at the last shutdown."""
-        index = self.server.options.slot_dir / "slots.json"
-        try:
-            record = json.loads(index.read_text())
-        except (OSError, ValueError):
-            return
-        held = {int(slot): tokens for slot, tokens in record.get("held", {}).items() if int(slot) < self.slots.size}
-        restored = await self.server.restore_slots({slot: f"slot-{slot}.bin" for slot in held})
-        for slot in restored:
-            self.held[slot] = np.asarray(held[slot], dtype=np.int32)
-        self.keys = {key: slot for key, slot in record.get("keys", {}).items() if slot in restored}
+        slot_dir = self.server.options.slot_dir
+        names = {slot: f"slot-{slot}.bin" for slot in range(self.slots.size) if (slot_dir / f"slot-{slot}.bin").is_file()}
+        restored = await self.server.restore_slots(names)
         if restored:
             log.info("restored the prompt cache of %s: %d slot(s)", self.spec.id, len(restored))
 
@@ -219,14 +170,6 @@ class LocalModel:
                 await self.save()
         await self.server.stop()
         self.vocabulary.close()
-
-
-def _shared_prefix(held: np.ndarray, tokens: np.ndarray) -> int:
-    length = min(len(held), len(tokens))
-    if length == 0:
-        return 0
-    differs = np.flatnonzero(held[:length] != tokens[:length])
-    return int(differs[0]) if len(differs) else length
 
 
 class _Entry:
@@ -265,7 +208,7 @@ class LocalBackend(Backend):
         share); ``preload`` lists models to start in ``start()``; ``models`` limits the
         served ids (default: all of ``LOCAL_MODELS``); ``output_parser`` makes the parser
         of each generation's text; ``parallel`` slots per model, ``queue`` requests may wait
-        for one; ``cache_ram_mib`` of host memory keep prompt caches pushed out of slots;
+        for one; ``cache_ram_mib`` of host memory keep idle slots' prompt caches;
         ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``chunk`` the prompt
         tokens evaluated per step beside running streams; ``server_binary`` the
         llama-server executable (default: the installed one).
@@ -352,9 +295,7 @@ class LocalBackend(Backend):
         entry = self._entry(request.model)
         loaded = await self._loaded(entry)
         plan = await self._planned(request, loaded)
-        tokens = np.asarray(
-            await asyncio.to_thread(loaded.vocabulary.prompt_tokens, plan.messages, plan.tools), dtype=np.int32
-        )
+        tokens = await asyncio.to_thread(loaded.vocabulary.prompt_tokens, plan.messages, plan.tools)
         window = loaded.context_window
         if len(tokens) >= window:
             raise ContextLengthExceeded(
@@ -369,14 +310,11 @@ class LocalBackend(Backend):
             return
         parser = self._output_parser(request, entry.spec)
         ledger = LogprobLedger() if plan.logprobs else None
-        cache_key = request.cache_key
-        slot = await loaded.slots.acquire(loaded.ranker(tokens, cache_key))
-        loaded.remember(slot, tokens, cache_key)  # from now on the slot's KV cache holds (part of) it
+        slot = await loaded.slots.acquire()
         try:
             body = {
-                "prompt": tokens.tolist(),
+                "prompt": tokens,
                 "n_predict": max_tokens,
-                "id_slot": slot,
                 "cache_prompt": True,
                 **plan.sampling,
                 **({"grammar": plan.grammar} if plan.grammar is not None else {}),

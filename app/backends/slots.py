@@ -1,11 +1,10 @@
 """The slots of one embedded model: who generates now, who waits, and who is refused.
 
 A model's llama-server runs ``size`` sequences at once (its slots). :class:`SlotPool`
-hands them out, so that the server itself never queues work out of sight:
+counts them out, so that llama-server never queues work out of sight (which of its slots
+a request runs in, and which cached prefix it reuses, is llama-server's own choice):
 
-* a request takes a free slot at once; which one is up to the caller's ``rank`` (the slot
-  that holds its ``prompt_cache_key``, or the longest shared prefix), so a prefix already
-  in a slot's KV cache is reused rather than evaluated again;
+* a request takes a free place at once;
 * when all are busy it waits, first come first served, and a released slot goes straight
   to the longest waiter;
 * at most ``queue`` requests wait; one more is refused with ``429 too_many_requests``
@@ -19,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 from app.errors import TooManyRequests
 
@@ -47,12 +44,11 @@ class SlotPool:
         if not self._free and self.waiting >= self.queue:
             raise self._full()
 
-    async def acquire(self, rank: Callable[[int], Any] | None = None) -> int:
-        """A slot for the caller: the free slot ``rank`` scores highest, or the next one
-        released (``rank``'s scores need only compare; ties go to the lowest slot).
-        Raises ``TooManyRequests`` when the queue is full."""
+    async def acquire(self) -> int:
+        """A place for the caller: a free one, or the next one released. Raises
+        ``TooManyRequests`` when the queue is full."""
         if self._free:
-            slot = max(sorted(self._free), key=rank) if rank is not None else min(self._free)
+            slot = min(self._free)
             self._free.discard(slot)
             return slot
         if self.waiting >= self.queue:

@@ -22,7 +22,7 @@ from app.backends.base import (
     ToolCallDelta,
     ToolSpec,
 )
-from app.backends.local import LocalBackend, LocalModel, PlainTextParser
+from app.backends.local import LocalBackend, PlainTextParser
 from app.backends.model_files import ModelFiles, ModelSpec
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, TooManyRequests
 
@@ -421,8 +421,10 @@ async def test_the_prompt_cache_survives_a_restart(tmp_path: Path) -> None:
         await after.aclose()
 
 
-async def test_prompt_cache_key_steers_to_the_slot_that_holds_it(smollm2: LocalBackend) -> None:
-    """Two conversations alternate; each keeps finding its own prefix in its own slot."""
+async def test_alternating_conversations_each_find_their_prefix(smollm2: LocalBackend) -> None:
+    """Two conversations alternate; each keeps finding its own prefix (moved out of its
+    slot into the host-memory cache when the other starts, and loaded back). A
+    ``prompt_cache_key`` is accepted and changes nothing: the cache is found by content."""
     first = "You are a pirate. " * 50
     second = "You are a librarian. " * 50
 
@@ -440,52 +442,17 @@ async def test_prompt_cache_key_steers_to_the_slot_that_holds_it(smollm2: LocalB
         assert finish.usage is not None and finish.usage.cached_tokens >= finish.usage.input_tokens - 1
 
 
-async def test_only_the_most_recent_prompt_cache_keys_are_kept(
-    smollm2: LocalBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client may make up a key per request: the map of keys to slots stays bounded."""
-    monkeypatch.setattr(LocalModel, "keys_kept", 2)
-
-    async def turn(key: str) -> None:
-        await collect(smollm2, GenerationRequest(
-            model=SMOLLM2, messages=(ChatMessage("user", "Hi"),),
-            sampling=Sampling(max_output_tokens=1, temperature=0.0), cache_key=key))
-
-    for key in ("k0", "k1", "k2", "k3"):
-        await turn(key)
-    loaded = await smollm2._loaded(smollm2._entry(SMOLLM2))
-    assert list(loaded.keys) == ["k2", "k3"]
-    await turn("k2")
-    assert list(loaded.keys) == ["k3", "k2"]
-
-
 def preambled(preamble: str, question: str, max_tokens: int = 4) -> GenerationRequest:
     return GenerationRequest(model=SMOLLM2, messages=(ChatMessage("system", preamble), ChatMessage("user", question)),
                              sampling=Sampling(max_output_tokens=max_tokens, temperature=0.0))
 
 
-async def test_conversations_that_share_nothing_keep_slots_of_their_own(tmp_path: Path) -> None:
-    """Without any key, two conversations that have only the chat template in common take
-    separate slots, so alternating between them keeps finding each one whole. (The host
-    memory cache is off here: a conversation pushed out of its slot would be lost.)"""
-    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2], preload=[SMOLLM2], cache_ram_mib=0)
-    await backend.start()
-    try:
-        pirate, librarian = "You are a pirate. " * 50, "You are a librarian. " * 50
-        for preamble in (pirate, librarian):
-            await collect(backend, preambled(preamble, "Hello"))
-        for preamble in (pirate, librarian):
-            finish = (await collect(backend, preambled(preamble, "Who are you?")))[-1]
-            assert isinstance(finish, Finish) and finish.usage is not None
-            assert finish.usage.cached_tokens > 250, finish.usage
-    finally:
-        await backend.aclose()
-
-
-async def test_idle_slots_give_way_to_a_prompt_that_needs_the_whole_window(tmp_path: Path) -> None:
-    """Idle slots keep their KV state, which takes room in the shared cache; a prompt that
-    needs nearly the whole window still runs (llama-server purges idle slots for it), and
-    the slots left whole still serve their conversations from cache."""
+async def test_a_prompt_that_needs_the_whole_window_leaves_other_conversations_cached(tmp_path: Path) -> None:
+    """Three conversations, then a prompt that needs nearly the whole (shared) window: it
+    runs (the idle slots were moved to the host-memory cache and take no room in the
+    window), and the conversations still find their prefixes afterwards. The first of
+    them may not: llama-server loads a prefix into a slot before it moves the idle slots
+    out, and the long prompt's slot still fills the window then."""
     backend = LocalBackend(tmp_path, n_threads=2, n_ctx=2048, models=[SMOLLM2], preload=[SMOLLM2])
     await backend.start()
     try:
@@ -497,7 +464,10 @@ async def test_idle_slots_give_way_to_a_prompt_that_needs_the_whole_window(tmp_p
         finish = (await collect(backend, preambled("Answer briefly.", f"{words}\nSay yes.", max_tokens=16)))[-1]
         assert isinstance(finish, Finish) and finish.usage is not None
         assert 1500 < finish.usage.input_tokens < 2048 - 16 and finish.usage.output_tokens > 0
-        finish = (await collect(backend, preambled(preambles[2], "Hello again")))[-1]
-        assert isinstance(finish, Finish) and finish.usage is not None and finish.usage.output_tokens > 0
+        for number, preamble in enumerate(preambles):
+            finish = (await collect(backend, preambled(preamble, "Hello again")))[-1]
+            assert isinstance(finish, Finish) and finish.usage is not None and finish.usage.output_tokens > 0
+            if number:
+                assert finish.usage.cached_tokens > 300, finish.usage
     finally:
         await backend.aclose()

@@ -12,11 +12,12 @@ from app.errors import TooManyRequests
 pytestmark = pytest.mark.anyio
 
 
-async def test_free_slots_are_taken_by_rank() -> None:
+async def test_free_places_are_taken_at_once_until_none_is_left() -> None:
     pool = SlotPool(3, queue=0)
-    assert await pool.acquire(lambda slot: {0: 1.0, 1: 5.0, 2: 2.0}[slot]) == 1
-    assert await pool.acquire() == 0
-    assert pool.busy == 2
+    assert {await pool.acquire() for _ in range(3)} == {0, 1, 2}
+    assert pool.busy == 3
+    with pytest.raises(TooManyRequests):
+        await pool.acquire()
 
 
 async def test_waiters_are_served_first_come_first_served_and_the_queue_is_bounded() -> None:

@@ -93,10 +93,10 @@ def test_the_shared_prefix_of_a_new_conversation_is_reported_cached(client: Clie
 
 def test_conversations_continued_at_once_each_find_their_prefix_cached(client: Client) -> None:
     """Four conversations, each with instructions of its own, run at once; then each is
-    continued, again all at once. Every continuation finds its instructions in the cache:
-    llama-server may not clear the idle slots, whose content this server routes by, when
-    the first of them starts (it does by default with a unified KV cache, and a request
-    sent to a cleared slot evaluates its whole prompt again)."""
+    continued, again all at once. Every continuation finds its instructions in the cache.
+    (When requests were pinned to slots, the first continuation to start moved the other
+    slots into the host cache and emptied them, and a request pinned to an emptied slot
+    does not look there: the other three evaluated their whole prompt again.)"""
     nonce = random.randrange(10**9)
     instructions = [f"Conversation {nonce}-{k}. You are assistant number {k} of a help desk. " * 30
                     for k in range(4)]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.client import Client, output_text
-from tests.conftest import SMOL
+from tests.conftest import QWEN, SMOL
 from tests.live import LiveServer
 
 # A 1x1 transparent PNG, as the acceptance suite sends it.
@@ -442,9 +442,11 @@ def test_json_schema_output_matches_the_schema(client: Client) -> None:
 
 
 def test_json_object_output_parses(client: Client) -> None:
-    response = client.create(model=SMOL, input="Reply with a JSON object whose key ok is true.",
+    # Qwen: SmolLM2's greedy JSON sometimes runs on to the token limit, depending on what
+    # was cached before it (a reused prefix is not bit-identical to one evaluated afresh)
+    response = client.create(model=QWEN, input="Reply with a JSON object whose key ok is true.",
                              max_output_tokens=256, temperature=0, text={"format": {"type": "json_object"}})
-    assert response["status"] == "completed"
+    assert response["status"] == "completed", output_text(response)
     assert response["text"]["format"] == {"type": "json_object"}
     assert isinstance(json.loads(output_text(response)), dict)
 

@@ -353,6 +353,11 @@ def _acceptance_at_once(base_url: str, model: str) -> dict[str, float]:
 # ---------------------------------------------------------------- report
 
 
+def _rounds(label: str, raw: list[float], ors: list[float], spelled: str) -> None:
+    """One figure's rounds on both servers, on a line of their own."""
+    print(f"{label:34}raw {' '.join(spelled.format(r) for r in raw)}   ors {' '.join(spelled.format(r) for r in ors)}")
+
+
 def _report(figures: Figures) -> dict[str, Any]:
     raw, ors = figures.raw, figures.ors
     ratios = {
@@ -364,20 +369,15 @@ def _report(figures: Figures) -> dict[str, Any]:
     print(f"{'':34}{'raw llama.cpp':>15}{'ors':>12}")
     print(f"{'decode, 1 stream (tokens/s)':34}{raw['decode_1']:15.1f}{ors['decode_1']:12.1f}"
           f"   ors/raw {ratios['single_decode_share_of_raw']:.1%}  (target >= 95%)")
-    print(f"{'  each round (tokens/s)':34}{' '.join(f'{r:.1f}' for r in raw['decode_1_rounds']):>15}"
-          f"{' '.join(f'{r:.1f}' for r in ors['decode_1_rounds']):>20}")
+    _rounds("  each round (tokens/s)", raw["decode_1_rounds"], ors["decode_1_rounds"], "{:.1f}")
     print(f"{'  ors process CPU per token (ms)':34}{'':>15}{ors['cpu_ms_per_token']:12.2f}")
     print(f"{'decode, 4 streams (tokens/s)':34}{raw['decode_4']:15.1f}{ors['decode_4']:12.1f}"
           f"   4/1: raw {ratios['raw_4_streams_over_1']:.2f}x, ors {ratios['ors_4_streams_over_1']:.2f}x"
           "  (target >= 2.5x)")
-    print(f"{'  each round (tokens/s)':34}{' '.join(f'{r:.1f}' for r in raw['decode_4_rounds']):>15}"
-          f"{' '.join(f'{r:.1f}' for r in ors['decode_4_rounds']):>20}")
-    print(f"{'  first tokens apart, each round (s)':34}"
-          f"{' '.join(f'{r:.2f}' for r in raw['decode_4_first_spread_rounds']):>15}"
-          f"{' '.join(f'{r:.2f}' for r in ors['decode_4_first_spread_rounds']):>20}")
-    print(f"{'  prompt tokens cached, each round':34}"
-          f"{' '.join(f'{r:.0%}' for r in raw['decode_4_cached_rounds']):>15}"
-          f"{' '.join(f'{r:.0%}' for r in ors['decode_4_cached_rounds']):>20}")
+    _rounds("  each round (tokens/s)", raw["decode_4_rounds"], ors["decode_4_rounds"], "{:.1f}")
+    _rounds("  first tokens apart (s)", raw["decode_4_first_spread_rounds"], ors["decode_4_first_spread_rounds"],
+            "{:.2f}")
+    _rounds("  prompt tokens found cached", raw["decode_4_cached_rounds"], ors["decode_4_cached_rounds"], "{:.0%}")
     print(f"{f'first token, {figures.prefix_tokens}-token prefix cold (s)':34}"
           f"{raw['ttft_cold']:15.2f}{ors['ttft_cold']:12.2f}")
     print(f"{'first token, prefix cached (s)':34}{raw['ttft_cached']:15.2f}{ors['ttft_cached']:12.2f}"

@@ -220,7 +220,8 @@ class LlamaServer:
         return saved
 
     async def restore_slots(self, names: Mapping[int, str]) -> list[int]:
-        """Restore saved slot states; the slots that were restored."""
+        """Restore the slot states saved under ``slot_dir/names[i]`` (a missing file is
+        skipped); the slots that were restored."""
         restored = []
         for slot, name in names.items():
             if (self.options.slot_dir / name).is_file() and await self._slot_action(slot, "restore", name) is not None:

@@ -56,7 +56,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-
 from app.backends.base import (
     Backend,
     ChatMessage,
@@ -149,7 +148,7 @@ class LocalModel:
     async def save(self) -> None:
         """Save every slot that holds something (``slot-<i>.bin``); a file of a slot that
         is empty now is removed, so a restart does not restore what is gone."""
-        names = {slot: f"slot-{slot}.bin" for slot in range(self.slots.size)}
+        names = _slot_files(self.slots.size)
         saved = await self.server.save_slots(names)
         for slot, name in names.items():
             if slot not in saved:
@@ -158,9 +157,7 @@ class LocalModel:
 
     async def restore(self) -> None:
         """Restore the slots saved by :meth:`save` at the last shutdown."""
-        slot_dir = self.server.options.slot_dir
-        names = {slot: f"slot-{slot}.bin" for slot in range(self.slots.size) if (slot_dir / f"slot-{slot}.bin").is_file()}
-        restored = await self.server.restore_slots(names)
+        restored = await self.server.restore_slots(_slot_files(self.slots.size))
         if restored:
             log.info("restored the prompt cache of %s: %d slot(s)", self.spec.id, len(restored))
 
@@ -170,6 +167,10 @@ class LocalModel:
                 await self.save()
         await self.server.stop()
         self.vocabulary.close()
+
+
+def _slot_files(slots: int) -> dict[int, str]:
+    return {slot: f"slot-{slot}.bin" for slot in range(slots)}
 
 
 class _Entry:

@@ -32,6 +32,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.transport.head import HeadWithBody
+
 log = logging.getLogger("ors.http")
 
 
@@ -79,6 +81,9 @@ class ReceiptDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self.receiving = Receiving.BODY
+        cycle = self.cycle
+        if cycle is not None and cycle.transport is self.transport:  # a new request's cycle
+            cycle.transport = HeadWithBody(cycle, self.transport)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -83,18 +83,27 @@ class EventStream(StreamingResponse):
         self._gone = False
         self._complete = False
         self._streaming = True
+        self._head_sent = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             if scope.get("method") != "HEAD":
                 await self._stream(receive, send)
             if not self._gone and not self._complete:
                 async with self._lock:
+                    await self._send_head(send)
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if self.background is not None:
                 await self.background()
+
+    async def _send_head(self, send: Send) -> None:
+        """``http.response.start``, once, just before the first thing sent (under the
+        lock): the head leaves with the first chunk, in one write
+        (:mod:`app.transport.head`)."""
+        if not self._head_sent:
+            self._head_sent = True
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
 
     async def _stream(self, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
@@ -112,6 +121,7 @@ class EventStream(StreamingResponse):
                 async for chunk in body:
                     last = isinstance(chunk, Last)
                     async with self._lock:
+                        await self._send_head(send)
                         await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                     if last:
                         self._complete = True
@@ -134,6 +144,7 @@ class EventStream(StreamingResponse):
                     message: Message = await receive()
             except TimeoutError:
                 async with self._lock:
+                    await self._send_head(send)
                     await send({"type": "http.response.body", "body": PING_FRAME, "more_body": True})
                 continue
             if message["type"] == "http.disconnect":

@@ -22,17 +22,19 @@ SQLite (one server process, a file):
 PostgreSQL (several replicas, asyncpg): writes run in ``READ COMMITTED`` with explicit
 row locks where they matter; reads that issue several statements run in ``REPEATABLE
 READ`` so that they see one snapshot; every statement gets a custom plan (see
-``POSTGRES_SETTINGS``).
+``POSTGRES_SETTINGS``). A pooled connection is checked before use only if it has been
+idle for more than :data:`ALIVE_BYPASS_SECONDS` (:func:`ping_when_idle`).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -91,13 +93,14 @@ def sqlite_path(url: URL) -> Path:
 def create_engine(url: URL, *, pool_size: int = 10) -> AsyncEngine:
     """One engine (one pool) per store; SQLite gets its pragmas and ``BEGIN`` handling."""
     if not is_sqlite(url):
-        return create_async_engine(
+        postgres = create_async_engine(
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
             connect_args={"server_settings": POSTGRES_SETTINGS},
         )
+        ping_when_idle(postgres)
+        return postgres
     engine = create_async_engine(
         url,
         pool_size=pool_size,
@@ -107,6 +110,43 @@ def create_engine(url: URL, *, pool_size: int = 10) -> AsyncEngine:
     event.listen(engine.sync_engine, "connect", configure_sqlite)
     event.listen(engine.sync_engine, "begin", begin_sqlite)
     return engine
+
+
+ALIVE_BYPASS_SECONDS = 0.5
+"""A pooled connection returned less than this long ago is used without a check
+(HikariCP's ``aliveBypassWindowMs``, 500 ms by default)."""
+_RETURNED_AT = "ors_returned_at"
+
+
+def ping_when_idle(engine: AsyncEngine, bypass_seconds: float = ALIVE_BYPASS_SECONDS) -> None:
+    """Check a pooled connection before use only if it sat idle in the pool for more
+    than ``bypass_seconds``; a new connection, or one returned since, is used as it is.
+
+    SQLAlchemy's ``pool_pre_ping`` checks every checkout, and on asyncpg its check is
+    three round trips (``BEGIN``, an empty query, ``ROLLBACK``): a stored stream, two
+    checkouts, spent six of its seventeen round trips on it. A connection that failed
+    the check is dropped and another taken (the pool's ``DisconnectionError``
+    contract), as with ``pool_pre_ping``. What is given up: a connection that broke
+    within the window (the server restarted just after it was returned) fails its
+    next statement instead; that error invalidates the pool, so the connections
+    after it are new."""
+    sync_engine = engine.sync_engine
+    dialect = sync_engine.dialect
+
+    def returned(dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        returned_at = record.info.pop(_RETURNED_AT, None)
+        if returned_at is None or time.monotonic() - returned_at <= bypass_seconds:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except Exception as error:  # noqa: BLE001 - any failure: not a connection to use
+            raise exc.DisconnectionError(f"a pooled connection failed its check: {error}") from error
+
+    event.listen(sync_engine, "checkin", returned)
+    event.listen(sync_engine, "checkout", checked_out)
 
 
 def writer(engine: AsyncEngine) -> AsyncEngine:

@@ -80,6 +80,13 @@ _WAKE = object()
 arrives; it carries nothing (the signal is in the control cell)."""
 
 
+TURNS_FOR_THE_REQUEST = 2
+"""Turns of the loop a turn with nothing to record at its start gives its pump before it
+makes the start: an upstream's request is written by aiohttp in a task of its own,
+created by the pump's first step, so it leaves on the second turn (one turn left the
+start to be made and sent first, and the upstream began only after it). A backend that
+sends sooner loses nothing but the turn."""
+
 class TurnPhase(enum.Enum):
     PREPARED = "prepared"
     """Made by the engine; :meth:`Turn.events` has not begun."""
@@ -285,11 +292,12 @@ class Turn:
         try:
             await self.open()
             if self._queue is None and builder.status != "queued":
-                # The model's request leaves before the start is made and sent (one turn
-                # of the loop lets the pump send it); a stored stream's pump is running
+                # The model's request leaves before the start is made and sent (turns
+                # of the loop let the pump send it); a stored stream's pump is running
                 # already (:meth:`open`).
                 self._start_pump()
-                await asyncio.sleep(0)
+                for _ in range(TURNS_FOR_THE_REQUEST):
+                    await asyncio.sleep(0)
             began = True
             batch = [self._emit(event) for event in builder.start()]
             if builder.status == "queued":

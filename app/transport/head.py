@@ -13,7 +13,9 @@ comes before the loop turns, leaves with it (``writelines``: one ``writev``), an
 on the cycle writes to the transport itself. If nothing follows within the current step
 of the loop (a stream whose first event is not made yet), the head leaves alone on the
 loop's next turn, so a client never waits for its head longer than it would have waited
-for the loop. Closing the connection sends what is held first.
+for the loop. Closing the connection sends what is held first. A ``100 Continue`` is a
+cycle's first write too, when the client asked for one: it is held the same way (a turn
+of the loop at most), and the head that follows it is written on its own.
 """
 
 from __future__ import annotations

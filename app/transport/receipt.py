@@ -32,6 +32,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from app.transport.close_delimited import delimit_by_close
 from app.transport.head import HeadWithBody
 
 log = logging.getLogger("ors.http")
@@ -49,7 +50,8 @@ class Receiving(enum.Enum):
 class ReceiptDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a receipt deadline (see the module docstring),
     whose request cycles send a response's head with the start of its body
-    (:mod:`app.transport.head`). ``read_timeout`` in seconds; 0 turns the deadline off."""
+    (:mod:`app.transport.head`), and answer an HTTP/1.0 request's stream unframed, ended by
+    closing the connection (:mod:`app.transport.close_delimited`). ``read_timeout`` in seconds; 0 turns the deadline off."""
 
     def __init__(self, *args: Any, read_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -86,6 +88,8 @@ class ReceiptDeadlineProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle is not previous:  # a new request's cycle (not an upgrade)
             cycle.transport = HeadWithBody(cycle, self.transport)
+            if cycle.scope["http_version"] == "1.0":
+                delimit_by_close(cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

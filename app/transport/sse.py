@@ -39,7 +39,10 @@ listener task (about 5% of such a stream's CPU at concurrency 16). A client that
 sooner is noticed this much later at most."""
 DONE_FRAME = b"data: [DONE]\n\n"
 PING_FRAME = b": ping\n\n"
-HEADERS = {"Cache-Control": "no-store", "Connection": "keep-alive", "X-Accel-Buffering": "no"}
+HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+"""No ``Connection`` header: whether the connection is kept is the HTTP layer's choice
+(kept on HTTP/1.1; closed to end the body on HTTP/1.0, :mod:`app.transport.close_delimited`),
+and a stream that said ``keep-alive`` beside the server's ``close`` contradicted itself."""
 
 
 class Last(bytes):

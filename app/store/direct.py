@@ -80,13 +80,15 @@ class Direct:
         return count  # type: ignore[no-any-return]
 
     def first(self, connection: Connection, params: Params) -> tuple[Any, ...] | None:
-        """The first row of a query, as a tuple (its columns must need no result
-        processing: text and numbers)."""
+        """The first row of a query (or of a data-modifying ``WITH`` query's answer), as a
+        tuple (its columns must need no result processing: text and numbers)."""
         compiled = self._compile(connection.dialect, tuple(params))
         cursor = connection.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
             cursor.execute(compiled.sql, compiled.values(params))
             row = cursor.fetchone()
+        except connection.dialect.loaded_dbapi.IntegrityError as error:
+            raise IntegrityError(compiled.sql, None, error) from error
         finally:
             cursor.close()
         return None if row is None else tuple(row)

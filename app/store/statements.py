@@ -18,6 +18,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from app.errors import PreviousResponseNotFound
 from app.store.base import JSON, Document, StoreConflict, StoredResponse
 from app.store.cancels import CHANNEL, encode_notice
+from app.store import one_statement
 from app.store.direct import Direct
 from app.store.schema import TERMINAL, Serialized, items, responses
 from app.store.schema import events as event_rows
@@ -48,6 +49,23 @@ def status_of(resource: Document) -> Any:
 
 def write_begin(row: dict[str, Any], item_rows: list[dict[str, Any]], connection: Connection) -> None:
     """A response's row and its items."""
+    _insert(row, item_rows, None, connection)
+
+
+def write_record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
+            connection: Connection) -> bool:
+    """A response recorded whole: its row (already finished), its items and its events
+    (none kept: ``body`` is ``None``)."""
+    _insert(row, item_rows, body, connection)
+    return True
+
+
+def _insert(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
+            connection: Connection) -> None:
+    """The row, its items and its events: one statement on PostgreSQL
+    (:mod:`app.store.one_statement`), one each on SQLite. A continuation first takes its
+    previous response with a share lock (it must be visible, and stay so until the
+    commit: a delete of it waits)."""
     previous = row["previous_response_id"]
     if previous is not None:
         visible = select(responses.c.id).where(visible_where(row["tenant"], previous))
@@ -56,38 +74,40 @@ def write_begin(row: dict[str, Any], item_rows: list[dict[str, Any]], connection
                 f"Previous response with id '{previous}' not found.", param="previous_response_id"
             )
     try:
+        if connection.dialect.name == "postgresql":
+            one_statement.insert_response(connection, row, item_rows, None if body is None else body())
+            return
         _INSERT_RESPONSE.execute(connection, row)
     except IntegrityError as error:
         raise StoreConflict(f"Response '{row['id']}' already exists.") from error
     if item_rows:
         _INSERT_ITEM.execute(connection, item_rows)
-
-
-def write_record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
-            connection: Connection) -> bool:
-    """A response recorded whole: its row (already finished), its items and its events
-    (none kept: ``body`` is ``None``)."""
-    write_begin(row, item_rows, connection)
     if body is not None:
         _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
-    return True
 
 
 def write_finish(tenant: str, response_id: str, status: str, resource: Document, output_rows: list[dict[str, Any]],
             body: Callable[[], bytes] | None, connection: Connection) -> bool:
     now = now_ms()
     # the row is locked and finished in one statement, if it is still running; only
-    # otherwise is it read, to say why (one statement fewer on the usual path)
-    if not _FINISH.execute(connection, {"b_id": response_id, "b_tenant": tenant, "status": status,
-                                        "resource": resource, "updated_at": now, "finished_at": now}):
+    # otherwise is it read, to say why (one statement fewer on the usual path); on
+    # PostgreSQL the same statement writes the items and events too
+    params = {"b_id": response_id, "b_tenant": tenant, "status": status, "resource": resource,
+              "updated_at": now, "finished_at": now}
+    if connection.dialect.name == "postgresql":
+        finished = one_statement.finish_response(connection, params, output_rows, None if body is None else body())
+    else:
+        finished = _FINISH.execute(connection, params)
+    if not finished:
         current = _lock_for_update(connection, tenant, response_id)
         if current.deleted_at is not None or current.status == "cancelled":
             return False
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-    if output_rows:
-        _INSERT_ITEM.execute(connection, output_rows)
-    if body is not None:
-        _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
+    if connection.dialect.name != "postgresql":
+        if output_rows:
+            _INSERT_ITEM.execute(connection, output_rows)
+        if body is not None:
+            _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
     return True
 
 

@@ -1,0 +1,128 @@
+"""PostgreSQL: a response's row, its items and its events written in one statement.
+
+On PostgreSQL every statement of a write is a round trip to the server, and each costs
+the event loop its part of SQLAlchemy's asyncpg adaptation and the server a backend
+wake-up. A stored stream's end was three (the row's update, its output items, its
+events) and its start two (the row, its input items), besides the transaction's own.
+Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
+``WITH`` query whose ``RETURNING`` feeds the inserts of the items (all of them, from
+arrays: ``unnest``) and of the events, which write nothing when it wrote nothing (the
+response was deleted, cancelled or ended meanwhile). The statement answers how many rows
+it wrote (0 or 1).
+
+The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, run by
+:class:`app.store.direct.Direct` like the rest of the write path. SQLite keeps the plain
+statements of :mod:`app.store.statements`: its writes are calls into the library in the
+writer process, where a statement costs no round trip, and it has no ``RETURNING`` in
+``WITH``. The values go in as :mod:`app.store.schema` would store them: JSON documents
+as their text, exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Integer, LargeBinary, Text, bindparam, func, insert, select, true, update
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql.selectable import CTE
+
+from app.store.direct import Direct
+from app.store.schema import JsonText, items, responses
+from app.store.schema import events as event_rows
+
+_JSON = JsonText()
+_ITEM_COLUMNS = ("role", "position", "item_id", "item")
+_ITEM_ARRAYS = {"role": Text, "position": Integer, "item_id": Text, "item": Text}
+
+
+def _items_from(written: CTE) -> CTE:
+    """Insert the items given as arrays (``i_role``, ``i_position``, ``i_item_id``,
+    ``i_item``: one element per item), for the row ``written`` returned, if it did."""
+    given = func.unnest(
+        *(bindparam(f"i_{name}", type_=ARRAY(kind)) for name, kind in _ITEM_ARRAYS.items())
+    ).table_valued(*_ITEM_COLUMNS).render_derived(name="given")
+    rows = select(written.c.id, *(given.c[name] for name in _ITEM_COLUMNS)).select_from(written).join(given, true())
+    return insert(items).from_select(["response_id", *_ITEM_COLUMNS], rows).cte("written_items")
+
+
+def _events_from(written: CTE) -> CTE:
+    """Insert the events' body (``e_body``) for the row ``written`` returned, if it did."""
+    rows = select(written.c.id, bindparam("e_body", type_=LargeBinary)).select_from(written)
+    return insert(event_rows).from_select(["response_id", "body"], rows).cte("written_events")
+
+
+def _counted(written: CTE, *more: CTE) -> Direct:
+    return Direct(select(func.count()).select_from(written).add_cte(*more))
+
+
+def _finish(with_events: bool) -> Direct:
+    finished = (
+        update(responses)
+        .where(
+            (responses.c.id == bindparam("b_id"))
+            & (responses.c.tenant == bindparam("b_tenant"))
+            & responses.c.deleted_at.is_(None)
+            & responses.c.finished_at.is_(None)
+        )
+        .values(
+            status=bindparam("status", type_=Text),
+            resource=bindparam("resource", type_=JsonText),
+            updated_at=bindparam("updated_at"),
+            finished_at=bindparam("finished_at"),
+        )
+        .returning(responses.c.id)
+        .cte("finished")
+    )
+    return _counted(finished, _items_from(finished), *([_events_from(finished)] if with_events else []))
+
+
+def _insert(with_events: bool) -> Direct:
+    begun = (
+        insert(responses)
+        .values({column.name: bindparam(f"r_{column.name}", type_=column.type) for column in responses.columns})
+        .returning(responses.c.id)
+        .cte("begun")
+    )
+    return _counted(begun, _items_from(begun), *([_events_from(begun)] if with_events else []))
+
+
+_FINISH = {False: _finish(False), True: _finish(True)}
+_INSERT = {False: _insert(False), True: _insert(True)}
+
+
+def _item_arrays(item_rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {
+        "i_role": [row["role"] for row in item_rows],
+        "i_position": [row["position"] for row in item_rows],
+        "i_item_id": [row["item_id"] for row in item_rows],
+        "i_item": [_JSON.process_bind_param(row["item"], None) for row in item_rows],  # type: ignore[arg-type]
+    }
+
+
+def insert_response(connection: Connection, row: dict[str, Any], item_rows: list[dict[str, Any]],
+                    body: bytes | None) -> int:
+    """The response's row (a column it lacks is NULL), its items and (``body``) its
+    events; raises SQLAlchemy's ``IntegrityError`` if the id is taken. Returns 1."""
+    params: dict[str, Any] = {f"r_{column.name}": row.get(column.name) for column in responses.columns}
+    params.update(_item_arrays(item_rows))
+    if body is not None:
+        params["e_body"] = body
+    return _count(_INSERT[body is not None], connection, params)
+
+
+def finish_response(connection: Connection, params: dict[str, Any], output_rows: list[dict[str, Any]],
+                    body: bytes | None) -> int:
+    """The end of a running response (``params``: ``b_id``, ``b_tenant``, ``status``,
+    ``resource``, ``updated_at``, ``finished_at``), its output items and (``body``) its
+    events. Returns 1, or 0 (nothing written) if the response is not running."""
+    values = {**params, **_item_arrays(output_rows)}
+    if body is not None:
+        values["e_body"] = body
+    return _count(_FINISH[body is not None], connection, values)
+
+
+def _count(statement: Direct, connection: Connection, params: dict[str, Any]) -> int:
+    row = statement.first(connection, params)
+    return 0 if row is None else int(row[0])
+

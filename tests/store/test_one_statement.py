@@ -1,0 +1,114 @@
+"""PostgreSQL writes a response's row, items and events in one statement
+(``app.store.one_statement``); an end that comes too late writes nothing, on both engines.
+On the real PostgreSQL server; the statements a write sends are recorded where SQLAlchemy's
+asyncpg adaptation runs them."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import asyncpg
+import pytest
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_cursor
+from sqlalchemy.engine import make_url
+
+from app.store.sql import SqlResponseStore
+from tests.store.helpers import assistant_message, events_of, final, new_response
+
+pytestmark = pytest.mark.anyio
+
+TABLES = ("responses", "items", "events")
+
+
+def _log_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement run on a cursor of SQLAlchemy's asyncpg adaptation from now on (what
+    the write path runs; BEGIN and COMMIT are the connection's own), recorded and then run
+    as before."""
+    statements: list[str] = []
+    cursor = AsyncAdapt_asyncpg_cursor
+    execute, executemany = cursor.execute, cursor.executemany
+
+    def logged_execute(self: Any, operation: str, parameters: Any = None) -> Any:
+        statements.append(operation)
+        return execute(self, operation, parameters)
+
+    def logged_executemany(self: Any, operation: str, seq_of_parameters: Any) -> Any:
+        statements.append(operation)
+        return executemany(self, operation, seq_of_parameters)
+
+    monkeypatch.setattr(cursor, "execute", logged_execute)
+    monkeypatch.setattr(cursor, "executemany", logged_executemany)
+    return statements
+
+
+def _writes(statements: list[str]) -> list[str]:
+    """The statements that touch the store's tables (not BEGIN, SET LOCAL, COMMIT, pings)."""
+    return [sql for sql in statements if any(table in sql for table in TABLES)]
+
+
+async def test_each_write_of_a_stored_stream_is_one_statement(
+    postgres_database_url: str, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqlResponseStore(postgres_database_url, secrets.token_hex(8))
+    await store.open()
+    try:
+        statements = _log_statements(monkeypatch)
+        begun = new_response(tenant)
+        await store.begin(begun)
+        (start,) = _writes(statements)
+        assert "INSERT INTO responses" in start and "INSERT INTO items" in start
+
+        statements.clear()
+        output = [assistant_message("done")]
+        assert await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
+        (end,) = _writes(statements)
+        assert "UPDATE responses" in end and "INSERT INTO items" in end and "INSERT INTO events" in end
+
+        statements.clear()
+        whole = new_response(tenant, previous=begun.id)
+        assert await store.record(whole, final(whole, output), output, events_of(whole.id))
+        check, record = _writes(statements)  # the previous response's share lock, then the record
+        assert check.startswith("SELECT") and "FOR SHARE" in check
+        assert "INSERT INTO responses" in record and "INSERT INTO events" in record
+
+        stored = await store.get(tenant, begun.id)
+        assert stored is not None and stored.status == "completed"
+        assert await store.events(tenant, begun.id) == events_of(begun.id)
+        assert await _rows(store, postgres_database_url, begun.id) == {"output items": 1, "events": 1}
+        assert await _rows(store, postgres_database_url, whole.id) == {"output items": 1, "events": 1}
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("how", ["deleted", "cancelled"])
+async def test_an_end_that_comes_too_late_writes_no_items_and_no_events(
+    store: SqlResponseStore, database_url: str, tenant: str, how: str
+) -> None:
+    begun = new_response(tenant, background=True)
+    await store.begin(begun)
+    if how == "deleted":
+        assert await store.delete(tenant, begun.id)
+    else:
+        assert await store.cancel(tenant, begun.id) is not None
+    output = [assistant_message("late")]
+    assert not await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
+    assert await _rows(store, database_url, begun.id) == {"output items": 0, "events": 0}
+
+
+async def _rows(store: SqlResponseStore, database_url: str, response_id: str) -> dict[str, int]:
+    queries = {"output items": "SELECT count(*) FROM items WHERE response_id = $1 AND role = 'output'",
+               "events": "SELECT count(*) FROM events WHERE response_id = $1"}
+    if store.is_sqlite:
+        import sqlite3
+
+        path = make_url(database_url).database
+        with sqlite3.connect(path) as connection:
+            return {name: connection.execute(sql.replace("$1", "?"), (response_id,)).fetchone()[0]
+                    for name, sql in queries.items()}
+    connection = await asyncpg.connect(make_url(database_url).set(drivername="postgresql")
+                                       .render_as_string(hide_password=False))
+    try:
+        return {name: await connection.fetchval(sql, response_id) for name, sql in queries.items()}
+    finally:
+        await connection.close()

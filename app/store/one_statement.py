@@ -8,7 +8,8 @@ Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifyi
 ``WITH`` query whose ``RETURNING`` feeds the inserts of the items (all of them, from
 arrays: ``unnest``) and of the events, which write nothing when it wrote nothing (the
 response was deleted, cancelled or ended meanwhile). The statement answers how many rows
-it wrote (0 or 1).
+it wrote (0 or 1). A continuation's row is inserted only if its previous response is
+visible, which the same statement holds with a share lock.
 
 The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, run by
 :class:`app.store.direct.Direct` like the rest of the write path. SQLite keeps the plain
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, LargeBinary, Text, bindparam, func, insert, select, true, update
+from sqlalchemy import Integer, LargeBinary, Text, bindparam, exists, func, insert, select, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.selectable import CTE
@@ -77,18 +78,32 @@ def _finish(with_events: bool) -> Direct:
     return _counted(finished, _items_from(finished), *([_events_from(finished)] if with_events else []))
 
 
-def _insert(with_events: bool) -> Direct:
-    begun = (
-        insert(responses)
-        .values({column.name: bindparam(f"r_{column.name}", type_=column.type) for column in responses.columns})
-        .returning(responses.c.id)
-        .cte("begun")
-    )
+def _insert(with_events: bool, continuation: bool) -> Direct:
+    """The row, from its values; a ``continuation`` only if its previous response is
+    visible, which it then holds with a share lock until the commit (a delete of it waits),
+    as :mod:`app.store.statements` does with a statement of its own on SQLite."""
+    values = {column.name: bindparam(f"r_{column.name}", type_=column.type) for column in responses.columns}
+    if continuation:
+        previous = responses.alias("previous")
+        held = (
+            select(previous.c.id)
+            .where(
+                (previous.c.id == values["previous_response_id"])
+                & (previous.c.tenant == values["tenant"])
+                & previous.c.deleted_at.is_(None)
+            )
+            .with_for_update(read=True)
+        )
+        row = insert(responses).from_select(list(values), select(*values.values()).where(exists(held)))
+    else:
+        row = insert(responses).values(values)
+    begun = row.returning(responses.c.id).cte("begun")
     return _counted(begun, _items_from(begun), *([_events_from(begun)] if with_events else []))
 
 
 _FINISH = {False: _finish(False), True: _finish(True)}
-_INSERT = {False: _insert(False), True: _insert(True)}
+_INSERT = {(events, continuation): _insert(events, continuation) for events in (False, True)
+           for continuation in (False, True)}
 
 
 def _item_arrays(item_rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
@@ -103,12 +118,13 @@ def _item_arrays(item_rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 def insert_response(connection: Connection, row: dict[str, Any], item_rows: list[dict[str, Any]],
                     body: bytes | None) -> int:
     """The response's row (a column it lacks is NULL), its items and (``body``) its
-    events; raises SQLAlchemy's ``IntegrityError`` if the id is taken. Returns 1."""
+    events. Returns 1, or 0 (nothing written) if its previous response is not visible;
+    raises SQLAlchemy's ``IntegrityError`` if the id is taken."""
     params: dict[str, Any] = {f"r_{column.name}": row.get(column.name) for column in responses.columns}
     params.update(_item_arrays(item_rows))
     if body is not None:
         params["e_body"] = body
-    return _count(_INSERT[body is not None], connection, params)
+    return _count(_INSERT[body is not None, row.get("previous_response_id") is not None], connection, params)
 
 
 def finish_response(connection: Connection, params: dict[str, Any], output_rows: list[dict[str, Any]],

@@ -63,19 +63,19 @@ def write_record(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Cal
 def _insert(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable[[], bytes] | None,
             connection: Connection) -> None:
     """The row, its items and its events: one statement on PostgreSQL
-    (:mod:`app.store.one_statement`), one each on SQLite. A continuation first takes its
-    previous response with a share lock (it must be visible, and stay so until the
-    commit: a delete of it waits)."""
+    (:mod:`app.store.one_statement`), one each on SQLite. A continuation's previous
+    response must be visible, and is held with a share lock until the commit (a delete of
+    it waits): by the same statement on PostgreSQL, by one of its own first on SQLite."""
     previous = row["previous_response_id"]
-    if previous is not None:
+    postgresql = connection.dialect.name == "postgresql"
+    if previous is not None and not postgresql:
         visible = select(responses.c.id).where(visible_where(row["tenant"], previous))
         if connection.scalar(visible.with_for_update(read=True)) is None:
-            raise PreviousResponseNotFound(
-                f"Previous response with id '{previous}' not found.", param="previous_response_id"
-            )
+            raise _previous_not_found(previous)
     try:
-        if connection.dialect.name == "postgresql":
-            one_statement.insert_response(connection, row, item_rows, None if body is None else body())
+        if postgresql:
+            if not one_statement.insert_response(connection, row, item_rows, None if body is None else body()):
+                raise _previous_not_found(previous)
             return
         _INSERT_RESPONSE.execute(connection, row)
     except IntegrityError as error:
@@ -84,6 +84,10 @@ def _insert(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable
         _INSERT_ITEM.execute(connection, item_rows)
     if body is not None:
         _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
+
+
+def _previous_not_found(previous: str | None) -> PreviousResponseNotFound:
+    return PreviousResponseNotFound(f"Previous response with id '{previous}' not found.", param="previous_response_id")
 
 
 def write_finish(tenant: str, response_id: str, status: str, resource: Document, output_rows: list[dict[str, Any]],

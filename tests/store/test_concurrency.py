@@ -6,7 +6,7 @@ import asyncio
 
 import anyio
 import pytest
-from sqlalchemy import event
+from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_cursor
 from sqlalchemy.util import await_
 
 from app.errors import PreviousResponseNotFound
@@ -87,14 +87,16 @@ async def test_delete_racing_continuations_never_strands_a_child(store: SqlRespo
         assert await row_count(store, "items", parent.id) == expected_parent_items
 
 
-async def test_delete_between_a_continuations_check_and_its_commit(store: SqlResponseStore, tenant: str) -> None:
+async def test_delete_between_a_continuations_check_and_its_commit(
+    store: SqlResponseStore, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The continuation is paused right after it found its parent visible, and the
     parent is deleted meanwhile: the delete must wait (or see the child), never remove
     the items the child's context needs.
 
     PostgreSQL only: SQLite's writer process runs writes one at a time, each whole, so a
     delete cannot come between a continuation's check and its commit there (and the
-    pause, an event of the engine that runs the statements, cannot be set in that process)."""
+    pause, set where the statements run, cannot be set in that process)."""
     if store.is_sqlite:
         pytest.skip("SQLite's one writer runs each write whole; nothing can come in between")
     parent = new_response(tenant, inputs=[user_message("parent question")])
@@ -111,26 +113,31 @@ async def test_delete_between_a_continuations_check_and_its_commit(store: SqlRes
             while not release.is_set():
                 await asyncio.sleep(0.01)
 
-    def pause_after_parent_check(conn, cursor, statement, parameters, context, executemany) -> None:
-        if not checked.is_set() and statement.startswith("SELECT responses.id") and parent.id in str(parameters):
+    # The continuation's one statement checks its parent, holds it (FOR SHARE) and writes
+    # the child; it is paused right after it ran, before the commit, where it is run on a
+    # cursor of SQLAlchemy's asyncpg adaptation.
+    execute = AsyncAdapt_asyncpg_cursor.execute
+
+    def pause_after_parent_check(self, operation, parameters=None):  # type: ignore[no-untyped-def]
+        result = execute(self, operation, parameters)
+        if not checked.is_set() and "FOR SHARE" in operation and parent.id in str(parameters):
             checked.set()
             await_(hold())
+        return result
 
-    engine = store.statement_engine
-    event.listen(engine, "after_cursor_execute", pause_after_parent_check)
-    try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(store.begin, child)
+    monkeypatch.setattr(AsyncAdapt_asyncpg_cursor, "execute", pause_after_parent_check)
+    async with anyio.create_task_group() as group:
+        group.start_soon(store.begin, child)
+        with anyio.fail_after(30):
             while not checked.is_set():
                 await asyncio.sleep(0.01)
 
-            async def delete_then_release() -> None:
-                assert await store.delete(tenant, parent.id)
-                release.set()
+        async def delete_then_release() -> None:
+            assert await store.delete(tenant, parent.id)
+            release.set()
 
-            group.start_soon(delete_then_release)
-    finally:
-        event.remove(engine, "after_cursor_execute", pause_after_parent_check)
+        group.start_soon(delete_then_release)
+    monkeypatch.undo()
 
     links = await store.chain(tenant, child.id)
     assert links is not None and [link.response_id for link in links] == [parent.id, child.id]

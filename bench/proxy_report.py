@@ -46,6 +46,7 @@ def _ms(values: list[float], q: float) -> float:
 def _figures(samples: Samples) -> dict[str, float]:
     return {"p50_ms": _ms(samples.latency, 0.5), "p99_ms": _ms(samples.latency, 0.99),
             "first_byte_p50_ms": _ms(samples.first_byte, 0.5), "first_text_p50_ms": _ms(samples.first_text, 0.5),
+            "new_connection_p50_ms": _ms(samples.new_connection, 0.5),
             "requests_per_s": samples.requests / samples.wall_s if samples.wall_s else math.nan,
             "cpu_ms_per_request": samples.cpu_s * 1000 / samples.requests if samples.requests else math.nan,
             "requests": samples.requests, "failures": samples.failures}
@@ -71,6 +72,7 @@ def summarize(raw: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
                 "p99_ms": ors["c1"]["p99_ms"] - direct["c1"]["p99_ms"],
                 "first_byte_ms": ors["c1"]["first_byte_p50_ms"] - direct["c1"]["first_byte_p50_ms"],
                 "first_text_ms": ors["c1"]["first_text_p50_ms"] - direct["c1"]["first_text_p50_ms"],
+                "new_connection_ms": ors["c1"]["new_connection_p50_ms"] - direct["c1"]["new_connection_p50_ms"],
                 **{f"share_{phase}": ors[phase]["requests_per_s"] / direct[phase]["requests_per_s"]
                    for phase in figures if phase != "c1"},
                 "cpu_ms_per_request": cpu[f"{fmt}/{path}"],
@@ -83,7 +85,8 @@ def summarize(raw: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     report = {"context": context, "figures": figures, "cpu_ms_per_request": cpu, "added": added,
               "streams": raw["streams"], "chain": raw["chain"], "workers": workers,
               "samples": {phase: {key: {"latency_ms": [round(v * 1000, 3) for v in samples.latency],
-                                        "first_text_ms": [round(v * 1000, 3) for v in samples.first_text]}
+                                        "first_text_ms": [round(v * 1000, 3) for v in samples.first_text],
+                                        "new_connection_ms": [round(v * 1000, 3) for v in samples.new_connection]}
                                   for key, samples in blocks.items()}
                           for phase, blocks in phases.items()}}
     report["targets"] = _targets(report)
@@ -156,6 +159,11 @@ def _print(report: dict[str, Any]) -> None:
                   f"{c16['requests_per_s']:8.1f} ({a['share_c16']:5.1%}){c16['p99_ms']:8.1f}ms"
                   f"{c64['requests_per_s']:8.1f} ({a['share_c64']:5.1%}){a['cpu_ms_per_request']:7.2f}ms{failures:6d}")
     print("  (+: added over direct, ms, p50 unless named; CPU/req: ors and its processes; fail: failed requests)")
+    direct_first = {fmt: figures["c1"][f"{fmt}/direct"]["new_connection_p50_ms"] for fmt in ("json", "sse")}
+    print("  a connection's first request, p50 (not in the figures above): direct json "
+          f"{direct_first['json']:.2f} ms, sse {direct_first['sse']:.2f} ms; added by ors: " + ", ".join(
+              f"{fmt} {label} {added[f'{fmt}/{path}']['new_connection_ms']:+.2f}"
+              for fmt in ("json", "sse") for path, label in PATHS.items()))
     streams, chained = report["streams"], report["chain"]
     if streams:
         print(f"{streams['streams']} streams at once (held {streams['hold_s']:g} s): "

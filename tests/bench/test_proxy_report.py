@@ -16,7 +16,7 @@ def _samples(ms: float, *, per_s: float, cpu_ms: float) -> Samples:
     count = 100
     seconds = [ms / 1000] * count
     return Samples(latency=seconds, first_byte=seconds, first_text=seconds, requests=count,
-                   wall_s=count / per_s, cpu_s=cpu_ms * count / 1000)
+                   wall_s=count / per_s, cpu_s=cpu_ms * count / 1000, new_connection=[2 * ms / 1000] * 10)
 
 
 def _raw() -> dict[str, object]:
@@ -46,6 +46,7 @@ def test_added_figures_and_targets() -> None:
     assert added["p50_ms"] == pytest.approx(1.5)
     assert added["share_c16"] == pytest.approx(0.05)
     assert report["added"]["sse/unstored"]["first_text_ms"] == pytest.approx(0.5)
+    assert report["added"]["sse/stored"]["new_connection_ms"] == pytest.approx(3.0)  # 4 ms against 1
     assert report["cpu_ms_per_request"]["json/stored"] == pytest.approx(10)
     met = {target["name"]: target["met"] for target in report["targets"]}
     assert met["added p50, json stored (ms)"] and met["added p50, json store:false (ms)"]

@@ -95,6 +95,7 @@ async def test_load_functions_through_ors(fronted: LiveServer) -> None:
                     {"json": post(fronted.port, "/v1/responses", {"model": MODEL, "input": "Hi"})}, RESPONSES_PROBE)
     samples = await block(target, "json", 4, 12)
     assert (samples.requests, samples.failures, len(samples.latency)) == (12, 0, 12)
+    assert len(samples.new_connection) == 4  # each connection's first request, kept apart
     streams = await open_streams(fronted.port, pid, hold_model(0.3), 8, 0.3)
     assert streams["received_text"] == streams["ended_with_terminal_event"] == 8
     assert streams["terminal_events"] == {"completed": 8} and streams["cut"] == 0

@@ -7,28 +7,20 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from bench.stub import MODEL, StubProcess
+from bench.stub import MODEL
 from compliance.stream import check_sse_body
-from tests.live import ServerProcess, free_port
+from tests.live import ServerProcess
 
 TIMEOUT = 10
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    work = tmp_path_factory.mktemp("close-delimited")
-    stub = StubProcess(free_port(), work / "stub.log").start()
-    ors = ServerProcess({"ORS_UPSTREAM_URL": stub.base_url, "ORS_DEFAULT_MODEL": MODEL}, work / "ors").start()
-    try:
-        yield ors
-    finally:
-        ors.terminate()
-        stub.stop()
+def server(fronted_process: ServerProcess) -> ServerProcess:
+    return fronted_process
 
 
 def _request(server: ServerProcess, method: str, path: str, version: str, body: dict[str, Any] | None = None,

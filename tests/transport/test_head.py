@@ -9,28 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from app.transport.head import HeadWithBody
-from bench.stub import MODEL, StubProcess
-from tests.live import ServerProcess, free_port
+from bench.stub import MODEL
+from tests.live import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """``ors serve`` as its own process (a client in the same process would wait for the
-    GIL, and read late) in front of the benchmark's stub upstream, which answers at once."""
-    work = tmp_path_factory.mktemp("head")
-    stub = StubProcess(free_port(), work / "stub.log").start()
-    ors = ServerProcess({"ORS_UPSTREAM_URL": stub.base_url, "ORS_DEFAULT_MODEL": MODEL}, work / "ors").start()
-    try:
-        yield ors
-    finally:
-        ors.terminate()
-        stub.stop()
+def server(fronted_process: ServerProcess) -> ServerProcess:
+    return fronted_process
 
 
 def _first_read(server: ServerProcess, body: dict[str, Any]) -> bytes:

@@ -98,7 +98,8 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
     # PostgreSQL the same statement writes the items and events too
     params = {"b_id": response_id, "b_tenant": tenant, "status": status, "resource": resource,
               "updated_at": now, "finished_at": now}
-    if connection.dialect.name == "postgresql":
+    postgresql = connection.dialect.name == "postgresql"
+    if postgresql:
         finished = one_statement.finish_response(connection, params, output_rows, None if body is None else body())
     else:
         finished = _FINISH.execute(connection, params)
@@ -107,7 +108,7 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
         if current.deleted_at is not None or current.status == "cancelled":
             return False
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
-    if connection.dialect.name != "postgresql":
+    if not postgresql:
         if output_rows:
             _INSERT_ITEM.execute(connection, output_rows)
         if body is not None:

@@ -50,8 +50,9 @@ class Receiving(enum.Enum):
 class ReceiptDeadlineProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a receipt deadline (see the module docstring),
     whose request cycles send a response's head with the start of its body
-    (:mod:`app.transport.head`), and answer an HTTP/1.0 request's stream unframed, ended by
-    closing the connection (:mod:`app.transport.close_delimited`). ``read_timeout`` in seconds; 0 turns the deadline off."""
+    (:mod:`app.transport.head`), and answer an HTTP/1.0 request's stream unframed, ended
+    by closing the connection (:mod:`app.transport.close_delimited`). ``read_timeout`` in
+    seconds; 0 turns the deadline off."""
 
     def __init__(self, *args: Any, read_timeout: float, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

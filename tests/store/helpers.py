@@ -106,12 +106,16 @@ def events_of(response_id: str, count: int = 3) -> list[str]:
             f'"response_id":"{response_id}"}}' for n in range(count)]
 
 
-async def row_count(store: SqlResponseStore, table: str, response_id: str | None = None) -> int:
-    """Rows of ``table`` (all, or those of one response), read past the store's API."""
+async def row_count(store: SqlResponseStore, table: str, response_id: str | None = None, *,
+                    role: str | None = None) -> int:
+    """Rows of ``table`` (all, or those of one response; items of one ``role``), read past
+    the store's API."""
     rows = metadata.tables[table]
     query = select(func.count()).select_from(rows)
     if response_id is not None:
         key = rows.c.response_id if "response_id" in rows.c else rows.c.id
         query = query.where(key == response_id)
+    if role is not None:
+        query = query.where(rows.c.role == role)
     async with store.engine.connect() as connection:
         return int(await connection.scalar(query) or 0)

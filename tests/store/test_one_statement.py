@@ -8,13 +8,11 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-import asyncpg
 import pytest
 from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_cursor
-from sqlalchemy.engine import make_url
 
 from app.store.sql import SqlResponseStore
-from tests.store.helpers import assistant_message, events_of, final, new_response
+from tests.store.helpers import assistant_message, events_of, final, new_response, row_count
 
 pytestmark = pytest.mark.anyio
 
@@ -74,15 +72,15 @@ async def test_each_write_of_a_stored_stream_is_one_statement(
         stored = await store.get(tenant, begun.id)
         assert stored is not None and stored.status == "completed"
         assert await store.events(tenant, begun.id) == events_of(begun.id)
-        assert await _rows(store, postgres_database_url, begun.id) == {"output items": 1, "events": 1}
-        assert await _rows(store, postgres_database_url, whole.id) == {"output items": 1, "events": 1}
+        assert await _rows(store, begun.id) == {"output items": 1, "events": 1}
+        assert await _rows(store, whole.id) == {"output items": 1, "events": 1}
     finally:
         await store.close()
 
 
 @pytest.mark.parametrize("how", ["deleted", "cancelled"])
 async def test_an_end_that_comes_too_late_writes_no_items_and_no_events(
-    store: SqlResponseStore, database_url: str, tenant: str, how: str
+    store: SqlResponseStore, tenant: str, how: str
 ) -> None:
     begun = new_response(tenant, background=True)
     await store.begin(begun)
@@ -92,22 +90,9 @@ async def test_an_end_that_comes_too_late_writes_no_items_and_no_events(
         assert await store.cancel(tenant, begun.id) is not None
     output = [assistant_message("late")]
     assert not await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
-    assert await _rows(store, database_url, begun.id) == {"output items": 0, "events": 0}
+    assert await _rows(store, begun.id) == {"output items": 0, "events": 0}
 
 
-async def _rows(store: SqlResponseStore, database_url: str, response_id: str) -> dict[str, int]:
-    queries = {"output items": "SELECT count(*) FROM items WHERE response_id = $1 AND role = 'output'",
-               "events": "SELECT count(*) FROM events WHERE response_id = $1"}
-    if store.is_sqlite:
-        import sqlite3
-
-        path = make_url(database_url).database
-        with sqlite3.connect(path) as connection:
-            return {name: connection.execute(sql.replace("$1", "?"), (response_id,)).fetchone()[0]
-                    for name, sql in queries.items()}
-    connection = await asyncpg.connect(make_url(database_url).set(drivername="postgresql")
-                                       .render_as_string(hide_password=False))
-    try:
-        return {name: await connection.fetchval(sql, response_id) for name, sql in queries.items()}
-    finally:
-        await connection.close()
+async def _rows(store: SqlResponseStore, response_id: str) -> dict[str, int]:
+    return {"output items": await row_count(store, "items", response_id, role="output"),
+            "events": await row_count(store, "events", response_id)}

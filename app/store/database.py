@@ -30,7 +30,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.engines import SQLITE_BUSY_TIMEOUT_MS, WRITE_OPTION, configure_sqlite, begin_sqlite, reader, writer
+from app.store.engines import (SQLITE_BUSY_TIMEOUT_MS, WRITE_OPTION, begin_sqlite, configure_sqlite,
+                               create_unflushed_engine, reader, writer)
 
 T = TypeVar("T")
 Transaction = Callable[[Connection], T]
@@ -44,8 +45,10 @@ class Database(abc.ABC):
     SQLite's writer process, :meth:`SqliteDatabase.transaction`."""
 
     @abc.abstractmethod
-    async def read(self, fn: Transaction[T]) -> T:
-        """Run ``fn`` in one read transaction (one snapshot for all its statements)."""
+    async def read(self, fn: Transaction[T], *, single: bool = False) -> T:
+        """Run ``fn`` in one read transaction (one snapshot for all its statements).
+        ``single``: ``fn`` runs one statement, which is a snapshot of its own; PostgreSQL
+        then runs it without ``BEGIN`` and ``COMMIT`` (one round trip instead of three)."""
 
     async def close(self) -> None:
         """Release connections and threads (after the last write has returned)."""
@@ -125,7 +128,8 @@ class SqliteDatabase(Database):
             self._writing.close()
             self._writing = None
 
-    async def read(self, fn: Transaction[T]) -> T:
+    async def read(self, fn: Transaction[T], *, single: bool = False) -> T:
+        # a transaction in the reader thread costs no round trip: run as it is
         return await asyncio.get_running_loop().run_in_executor(self._readers, _run, self._engine, fn)
 
     async def close(self) -> None:
@@ -135,28 +139,50 @@ class SqliteDatabase(Database):
 
 
 class PostgresDatabase(Database):
-    def __init__(self, engine: AsyncEngine) -> None:
+    """Writes on two pools: ``engine``'s, whose commits wait for their WAL flush, and one
+    of ``writers`` connections whose commits do not (``synchronous_commit`` off for the
+    session, :func:`app.store.engines.create_unflushed_engine`). A write of one statement
+    may run alone, without ``BEGIN`` and ``COMMIT``: the statement is its own transaction.
+
+    Round trips to the server, each a wake-up of the event loop and of a backend: a
+    response's start was four (``BEGIN``, ``SET LOCAL synchronous_commit TO OFF``, its
+    one statement, ``COMMIT``) and its end three; alone, each is one."""
+
+    def __init__(self, engine: AsyncEngine, *, writers: int) -> None:
         self._engine = engine
-        self._writer = writer(engine)
+        self._unflushed_engine = create_unflushed_engine(engine.url, pool_size=writers)
+        self._writers = {True: writer(engine), False: writer(self._unflushed_engine)}
+        self._alone = {flush: pool.execution_options(isolation_level="AUTOCOMMIT")
+                       for flush, pool in self._writers.items()}
         self._reader = reader(engine)
+        self._reader_alone = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @property
     def sync_engine(self) -> Engine:
         return self._engine.sync_engine
 
-    async def write(self, fn: Transaction[T], *, flush: bool = True) -> T:
+    async def write(self, fn: Transaction[T], *, flush: bool = True, alone: bool = False) -> T:
         """Run ``fn`` in one write transaction; committed when this returns. Without
-        ``flush`` the commit does not wait for its WAL flush (``synchronous_commit`` off
-        for this transaction): visible at once, and on disk with the next flushed
-        commit, which PostgreSQL's WAL also writes in order."""
-        async with self._writer.begin() as connection:
-            if not flush:
-                await connection.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
+        ``flush`` the commit does not wait for its WAL flush: visible at once, and on
+        disk with the next flushed commit, which PostgreSQL's WAL also writes in order.
+        ``alone``: ``fn`` runs one statement (or one that decides, then reads that only
+        explain an outcome that cannot change), which is run as its own transaction, in
+        one round trip."""
+        if alone:
+            async with self._alone[flush].connect() as connection:
+                return await connection.run_sync(fn)
+        async with self._writers[flush].begin() as connection:
             return await connection.run_sync(fn)
 
-    async def read(self, fn: Transaction[T]) -> T:
+    async def read(self, fn: Transaction[T], *, single: bool = False) -> T:
+        if single:
+            async with self._reader_alone.connect() as connection:
+                return await connection.run_sync(fn)
         async with self._reader.begin() as connection:
             return await connection.run_sync(fn)
+
+    async def close(self) -> None:
+        await self._unflushed_engine.dispose()
 
 
 def _run(engine: Engine, fn: Transaction[T]) -> T:

@@ -93,14 +93,7 @@ def sqlite_path(url: URL) -> Path:
 def create_engine(url: URL, *, pool_size: int = 10) -> AsyncEngine:
     """One engine (one pool) per store; SQLite gets its pragmas and ``BEGIN`` handling."""
     if not is_sqlite(url):
-        postgres = create_async_engine(
-            url,
-            pool_size=pool_size,
-            max_overflow=pool_size,
-            connect_args={"server_settings": POSTGRES_SETTINGS},
-        )
-        ping_when_idle(postgres)
-        return postgres
+        return _postgres_engine(url, pool_size=pool_size, max_overflow=pool_size, settings=POSTGRES_SETTINGS)
     engine = create_async_engine(
         url,
         pool_size=pool_size,
@@ -109,6 +102,23 @@ def create_engine(url: URL, *, pool_size: int = 10) -> AsyncEngine:
     )
     event.listen(engine.sync_engine, "connect", configure_sqlite)
     event.listen(engine.sync_engine, "begin", begin_sqlite)
+    return engine
+
+
+def create_unflushed_engine(url: URL, *, pool_size: int) -> AsyncEngine:
+    """PostgreSQL connections whose commits do not wait for their WAL flush
+    (``synchronous_commit`` off for the whole session), for the writes that need not be
+    on disk before they are answered (a response's start, :mod:`app.store.group_commit`).
+    A pool of their own: setting it per transaction (``SET LOCAL``) was a round trip of
+    its own for each such write. ``pool_size`` connections at most (one per writer)."""
+    return _postgres_engine(url, pool_size=pool_size, max_overflow=0,
+                            settings=POSTGRES_SETTINGS | {"synchronous_commit": "off"})
+
+
+def _postgres_engine(url: URL, *, pool_size: int, max_overflow: int, settings: dict[str, str]) -> AsyncEngine:
+    engine = create_async_engine(url, pool_size=pool_size, max_overflow=max_overflow,
+                                 connect_args={"server_settings": settings})
+    ping_when_idle(engine)
     return engine
 
 

@@ -11,7 +11,8 @@ Contract:
 * ``writers`` tasks each take every write waiting (up to ``max_batch``) and run them, in
   arrival order, in one transaction. Under load a batch grows by itself: writes that
   arrive while a commit is in flight form the next batch. Alone, a write waits for
-  nothing (its batch is itself).
+  nothing (its batch is itself); on PostgreSQL a write of one statement (``single``)
+  then runs without ``BEGIN`` and ``COMMIT``, as its own transaction: one round trip.
 * A write that raises fails its caller and no one else: the batch's transaction is
   rolled back and each of its writes runs again in a transaction of its own, where the
   failing one fails alone. This path is rare (a conflict, a chain deleted in between).
@@ -74,6 +75,7 @@ Work = Callable[[Connection], Any]
 class _Write:
     work: Work
     flush: bool = True
+    single: bool = False
     done: asyncio.Future[Any] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -87,10 +89,13 @@ class Writes(Protocol):
     """Whether writes run beside the event loop (SQLite's writer, a process of its own)
     rather than on it (PostgreSQL's, in ``run_sync``'s greenlet)."""
 
-    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True, single: bool = False) -> T:
         """Run ``work`` in a write transaction; its result once that has committed.
         ``flush=False``: the commit need not be on disk yet, only visible and safe from
-        a crash of this process (see the module's contract)."""
+        a crash of this process (see the module's contract). ``single``: on PostgreSQL
+        ``work`` is one statement (:mod:`app.store.one_statement`), which in a batch of
+        its own runs as its own transaction, without ``BEGIN`` and ``COMMIT``; SQLite's
+        writer, where a statement is no round trip, ignores it."""
 
     async def close(self) -> None:
         """Let every queued write finish, then stop."""
@@ -107,10 +112,10 @@ class GroupCommit:
         self.batches = 0
         """Transactions committed (for tests and benchmarks: writes per commit)."""
 
-    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True, single: bool = False) -> T:
         if not self._tasks:
             raise RuntimeError("the store is closed")
-        write = _Write(work, flush)
+        write = _Write(work, flush, single)
         self._queue.put_nowait(write)
         return await asyncio.shield(write.done)  # type: ignore[no-any-return]
 
@@ -139,8 +144,11 @@ class GroupCommit:
 
     async def _commit(self, batch: list[_Write]) -> None:
         try:
-            results = await self._database.write(lambda connection: [write.work(connection) for write in batch],
-                                                 flush=_flushed(batch))
+            if len(batch) == 1:
+                results = [await self._database.write(batch[0].work, flush=batch[0].flush, alone=batch[0].single)]
+            else:
+                results = await self._database.write(lambda connection: [write.work(connection) for write in batch],
+                                                     flush=_flushed(batch))
         except Exception as error:
             if len(batch) == 1:
                 _settle(batch[0].done, error=error)

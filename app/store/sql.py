@@ -99,8 +99,8 @@ class SqlResponseStore(ResponseStore):
     @property
     def statement_engine(self) -> Engine:
         """The synchronous engine whose events see every statement of reads (SQLite: the
-        one its reader threads use) and, on PostgreSQL, of writes (the async engine's).
-        SQLite's writes run in the writer process, whose engine is its own."""
+        one its reader threads use). Writes run their statements on the driver
+        (:mod:`app.store.direct`), which such events do not see."""
         if self._db is None:
             raise RuntimeError("the store is not open")
         return self._db.sync_engine
@@ -122,7 +122,7 @@ class SqlResponseStore(ResponseStore):
             self._db, self._group = SqliteDatabase(self.url), WriterProcess(self.url)
             await self._group.start()
         else:
-            postgres = PostgresDatabase(engine)
+            postgres = PostgresDatabase(engine, writers=POSTGRES_WRITERS)
             self._db, self._group = postgres, GroupCommit(postgres, writers=POSTGRES_WRITERS)
         try:
             if self.is_sqlite:
@@ -190,7 +190,8 @@ class SqlResponseStore(ResponseStore):
 
     async def begin(self, response: NewResponse) -> None:
         # visible at once, on disk with the response's end at the latest (group_commit)
-        await self._write(functools.partial(statements.write_begin, *self._begin_rows(response)), flush=False)
+        await self._write(functools.partial(statements.write_begin, *self._begin_rows(response)), flush=False,
+                          single=True)
 
     async def finish(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
@@ -202,7 +203,8 @@ class SqlResponseStore(ResponseStore):
             raise ValueError(f"a finished response has a terminal status, not {status!r}")
         output_rows = statements.rows_of_items(response_id, "output", output_items)
         body = await self._packer(events)
-        return await self._write(functools.partial(statements.write_finish, tenant, response_id, status, resource, output_rows, body))
+        return await self._write(functools.partial(statements.write_finish, tenant, response_id, status, resource,
+                                                   output_rows, body), single=True)
 
     async def record(
         self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
@@ -217,7 +219,8 @@ class SqlResponseStore(ResponseStore):
         row, item_rows = self._begin_rows(response, final={"status": status, "resource": resource,
                                                            "finished_at": now, "updated_at": now},
                                           output_items=output_items)
-        return await self._write(functools.partial(statements.write_record, row, item_rows, await self._packer(events)))
+        return await self._write(functools.partial(statements.write_record, row, item_rows, await self._packer(events)),
+                                 single=True)
 
     def _begin_rows(
         self, response: NewResponse, *, final: JSON | None = None, output_items: Sequence[JSON] = ()
@@ -326,25 +329,27 @@ class SqlResponseStore(ResponseStore):
             return None
         return await packer(events, beside_loop=self._group.beside_loop)
 
-    async def _write(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
+    async def _write(self, work: Callable[[Connection], T], *, flush: bool = True, single: bool = False) -> T:
         """Run ``work`` in a write transaction, grouped with concurrent writes (see
-        :mod:`app.store.group_commit`, also for ``flush``); the caller's cancellation
-        does not interrupt it."""
+        :mod:`app.store.group_commit`, also for ``flush`` and ``single``: a write that is
+        one statement on PostgreSQL); the caller's cancellation does not interrupt it."""
         if self._group is None:
             raise RuntimeError("the store is not open")
-        return await self._group.run(work, flush=flush)
+        return await self._group.run(work, flush=flush, single=single)
 
     # -- reads ---------------------------------------------------------------------
 
-    async def _read(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in one read transaction (one snapshot)."""
+    async def _read(self, work: Callable[[Connection], T], *, single: bool = False) -> T:
+        """Run ``work`` in one read transaction (one snapshot); ``single``: it is one
+        statement (see :meth:`app.store.database.Database.read`)."""
         if self._db is None:
             raise RuntimeError("the store is not open")
-        return await self._db.read(work)
+        return await self._db.read(work, single=single)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         params = {"b_tenant": tenant, "b_id": response_id}
-        row = await self._read(lambda connection: connection.execute(statements.GET_RESPONSE, params).first())
+        row = await self._read(lambda connection: connection.execute(statements.GET_RESPONSE, params).first(),
+                               single=True)
         return None if row is None else statements.stored_response(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
@@ -414,5 +419,5 @@ class SqlResponseStore(ResponseStore):
 
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
         params = {"b_tenant": tenant, "b_id": response_id}
-        body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params))
+        body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params), single=True)
         return None if body is None else await unpack_events(body)

@@ -103,7 +103,7 @@ class WriterProcess:
         """Start the writer (the first write would, too)."""
         await self._channel_ready()
 
-    async def run(self, work: Callable[[Connection], T], *, flush: bool = True) -> T:
+    async def run(self, work: Callable[[Connection], T], *, flush: bool = True, single: bool = False) -> T:
         if not self._open:
             raise RuntimeError("the store is closed")
         channel = self._channel

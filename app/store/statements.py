@@ -95,7 +95,9 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
     now = now_ms()
     # the row is locked and finished in one statement, if it is still running; only
     # otherwise is it read, to say why (one statement fewer on the usual path); on
-    # PostgreSQL the same statement writes the items and events too
+    # PostgreSQL the same statement writes the items and events too. That statement
+    # decides: the read after it may run in a transaction of its own (a write alone,
+    # app.store.group_commit), as what it explains (ended, cancelled, deleted) stays so
     params = {"b_id": response_id, "b_tenant": tenant, "status": status, "resource": resource,
               "updated_at": now, "finished_at": now}
     postgresql = connection.dialect.name == "postgresql"

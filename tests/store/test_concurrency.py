@@ -87,12 +87,15 @@ async def test_delete_racing_continuations_never_strands_a_child(store: SqlRespo
         assert await row_count(store, "items", parent.id) == expected_parent_items
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["alone", "in a batch"])
 async def test_delete_between_a_continuations_check_and_its_commit(
-    store: SqlResponseStore, tenant: str, monkeypatch: pytest.MonkeyPatch
+    store: SqlResponseStore, tenant: str, monkeypatch: pytest.MonkeyPatch, batch: bool
 ) -> None:
     """The continuation is paused right after it found its parent visible, and the
     parent is deleted meanwhile: the delete must wait (or see the child), never remove
-    the items the child's context needs.
+    the items the child's context needs. Alone, the continuation's one statement is its
+    own transaction (it has committed when it pauses); in a batch with another write, the
+    batch's transaction is still open, holding the parent, while it pauses.
 
     PostgreSQL only: SQLite's writer process runs writes one at a time, each whole, so a
     delete cannot come between a continuation's check and its commit there (and the
@@ -114,8 +117,8 @@ async def test_delete_between_a_continuations_check_and_its_commit(
                 await asyncio.sleep(0.01)
 
     # The continuation's one statement checks its parent, holds it (FOR SHARE) and writes
-    # the child; it is paused right after it ran, before the commit, where it is run on a
-    # cursor of SQLAlchemy's asyncpg adaptation.
+    # the child; it is paused right after it ran, where it is run on a cursor of
+    # SQLAlchemy's asyncpg adaptation.
     execute = AsyncAdapt_asyncpg_cursor.execute
 
     def pause_after_parent_check(self, operation, parameters=None):  # type: ignore[no-untyped-def]
@@ -128,6 +131,8 @@ async def test_delete_between_a_continuations_check_and_its_commit(
     monkeypatch.setattr(AsyncAdapt_asyncpg_cursor, "execute", pause_after_parent_check)
     async with anyio.create_task_group() as group:
         group.start_soon(store.begin, child)
+        if batch:  # queued in the same turn of the loop: one writer takes both
+            group.start_soon(store.begin, new_response(tenant))
         with anyio.fail_after(30):
             while not checked.is_set():
                 await asyncio.sleep(0.01)

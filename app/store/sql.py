@@ -353,36 +353,21 @@ class SqlResponseStore(ResponseStore):
         return None if row is None else statements.stored_response(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
-        """Two statements whatever the depth: the links (a recursive CTE up
-        ``previous_response_id``), then all their items (the same CTE joined to
-        ``items``), in one snapshot."""
-        ancestry = statements.ancestry_cte(tenant, response_id, visible_start=True)
-        links_query = (
-            select(ancestry.c.id, responses.c.tools)
-            .join(responses, responses.c.id == ancestry.c.id)
-            .order_by(ancestry.c.depth.desc())
-        )
-        items_query = (
-            select(items.c.response_id, items.c.role, items.c.item)
-            .where(items.c.response_id.in_(select(ancestry.c.id)))
-            .order_by(items.c.response_id, items.c.role, items.c.position)
-        )
-
-        def work(connection: Connection) -> tuple[Sequence[Row[Any]], Sequence[Row[Any]]]:
-            links = connection.execute(links_query).all()
-            return (links, connection.execute(items_query).all()) if links else (links, [])
-
-        links, rows = await self._read(work)
+        """One statement whatever the depth (:func:`app.store.statements.chain_query`):
+        the links, up ``previous_response_id``, and all their items, in one snapshot; on
+        PostgreSQL one round trip."""
+        rows = await self._read(functools.partial(_all, statements.chain_query(tenant, response_id)), single=True)
+        links = sorted((row for row in rows if row.depth is not None), key=lambda row: row.depth, reverse=True)
         if not links:
             return None
-        own: dict[str, tuple[list[JSON], list[JSON]]] = {link.id: ([], []) for link in links}
-        for row in rows:
-            inputs, outputs = own[row.response_id]
-            (inputs if row.role == "input" else outputs).append(row.item)
+        own: dict[str, tuple[list[JSON], list[JSON]]] = {link.response_id: ([], []) for link in links}
+        for row in rows:  # items in position order (links have none)
+            if row.depth is None:
+                inputs, outputs = own[row.response_id]
+                (inputs if row.role == "input" else outputs).append(row.item)
         return [
-            ChainLink(
-                response_id=link.id, tools=link.tools, input_items=own[link.id][0], output_items=own[link.id][1]
-            )
+            ChainLink(response_id=link.response_id, tools=link.tools, input_items=own[link.response_id][0],
+                      output_items=own[link.response_id][1])
             for link in links
         ]
 
@@ -421,3 +406,7 @@ class SqlResponseStore(ResponseStore):
         params = {"b_tenant": tenant, "b_id": response_id}
         body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params), single=True)
         return None if body is None else await unpack_events(body)
+
+
+def _all(query: Any, connection: Connection) -> Sequence[Row[Any]]:
+    return connection.execute(query).all()

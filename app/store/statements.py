@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import CTE, Row, bindparam, delete, func, insert, literal_column, select, update
+from sqlalchemy import (CTE, CompoundSelect, Integer, Row, Text, bindparam, cast, delete, func, insert, literal_column,
+                        null, select, union_all, update)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
@@ -20,7 +21,7 @@ from app.store.base import JSON, Document, StoreConflict, StoredResponse
 from app.store.cancels import CHANNEL, encode_notice
 from app.store import one_statement
 from app.store.direct import Direct
-from app.store.schema import TERMINAL, Serialized, items, responses
+from app.store.schema import TERMINAL, JsonText, Serialized, items, responses
 from app.store.schema import events as event_rows
 
 RESTARTED_CODE = "server_restarted"
@@ -282,6 +283,23 @@ def ancestry_cte(
     if through_deleted_only:
         step = step.where(ancestry.c.deleted_at.is_not(None))
     return ancestry.union_all(step)
+
+
+def chain_query(tenant: str, response_id: str) -> CompoundSelect:
+    """A visible response's chain in one statement: a row per link (``depth``: 0 for the
+    response, up to its oldest ancestor; its ``tools``) and a row per item of any link
+    (``depth`` NULL; ``role``, ``item``), items in ``position`` order. No row: the
+    response is not visible. One statement is one snapshot, which two took a
+    ``REPEATABLE READ`` transaction for; the ancestry is walked once."""
+    ancestry = ancestry_cte(tenant, response_id, visible_start=True)
+    links = select(
+        ancestry.c.depth, ancestry.c.id.label("response_id"), responses.c.tools,
+        cast(null(), Text).label("role"), cast(null(), Integer).label("position"), cast(null(), JsonText).label("item"),
+    ).join(responses, responses.c.id == ancestry.c.id)
+    own_items = select(
+        cast(null(), Integer), items.c.response_id, cast(null(), JsonText), items.c.role, items.c.position, items.c.item,
+    ).where(items.c.response_id.in_(select(ancestry.c.id)))
+    return union_all(links, own_items).order_by(literal_column("position"))
 
 
 def _ancestry(

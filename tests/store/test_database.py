@@ -1,5 +1,5 @@
 """What the store sends PostgreSQL for each write and read (``app.store.database``): alone,
-a write of one statement and a read by id are one round trip each, with no ``BEGIN``,
+a write of one statement, a read by id and a chain are one round trip each, with no ``BEGIN``,
 ``SET`` or ``COMMIT``; a response's start goes on a session that does not wait for its
 WAL flush, its end on one that does; writes that come together still share one
 transaction. On the real PostgreSQL server; what is sent is recorded where SQLAlchemy's
@@ -46,7 +46,7 @@ def _log_sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return sent
 
 
-async def test_alone_each_write_and_read_by_id_is_one_round_trip(
+async def test_alone_each_write_and_each_read_is_one_round_trip(
     postgres_database_url: str, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = SqlResponseStore(postgres_database_url, secrets.token_hex(8))
@@ -80,6 +80,13 @@ async def test_alone_each_write_and_read_by_id_is_one_round_trip(
         assert stored is not None and stored.status == "completed"
         assert await store.events(tenant, begun.id) == events_of(begun.id)
         assert [sql.split()[0] for sql, _ in sent] == ["SELECT", "SELECT"]
+
+        sent.clear()
+        links = await store.chain(tenant, whole.id)  # a continuation's context: links and items at once
+        assert links is not None and [link.response_id for link in links] == [begun.id, whole.id]
+        assert links[0].output_items == output and links[1].input_items == whole.input_items
+        ((chain, _),) = sent
+        assert chain.startswith("WITH RECURSIVE")
 
         sent.clear()
         # a cancel is not one statement: it keeps its transaction

@@ -12,6 +12,7 @@
      ├── UnsupportedMediaType     415  invalid_request, code unsupported_media_type
      ├── TooManyRequests          429  too_many_requests
      ├── ServerError              500  server_error
+     │    └── StoreUnavailable    503  server_error, code store_unavailable (Retry-After)
      └── ModelError               500  model_error   (the model or its upstream failed)
 
 Every layer raises these; the transports turn them into the HTTP error body, the SSE
@@ -29,6 +30,8 @@ class ORSError(Exception):
     status: ClassVar[int] = 500
     type: ClassVar[str] = "server_error"
     default_code: ClassVar[str | None] = None
+    retry_after: int | None = None
+    """Seconds after which a retry may succeed (the ``Retry-After`` header), if known."""
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None) -> None:
         super().__init__(message)
@@ -111,12 +114,21 @@ class TooManyRequests(ORSError):
                  retry_after: int = 1) -> None:
         super().__init__(message, code=code, param=param)
         self.retry_after = retry_after
-        """Seconds after which a retry may succeed (the ``Retry-After`` header)."""
 
 
 class ServerError(ORSError):
     status = 500
     type = "server_error"
+
+
+class StoreUnavailable(ServerError):
+    """The response store cannot be reached (its database is down, restarting, or out
+    of connections): 503, worth a retry. A response whose end could not be recorded is
+    not answered as if it had been: it fails with this error."""
+
+    status = 503
+    default_code = "store_unavailable"
+    retry_after = 1
 
 
 class ModelError(ORSError):

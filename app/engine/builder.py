@@ -490,6 +490,27 @@ class ResponseBuilder:
         events.append(ResponseFailed(sequence_number=self._next(), response=self._response))
         return events
 
+    def unrecorded(self, error: ORSError) -> list[StreamEvent]:
+        """The end of a ``completed`` response could not be recorded, and its terminal
+        event was not sent: that event is taken back (its sequence number is given
+        again), and the response fails with ``error`` instead (the ``error`` event unless
+        disabled, then ``response.failed``), its output as it was. The one move out of an
+        ended state, for an end nobody has seen: a response is durable before its
+        terminal event is sent, so one that is not must not be announced as completed.
+        An ``incomplete`` (or ``cancelled``) end is not taken back: its items were closed
+        ``incomplete``, which only ``response.incomplete`` may follow."""
+        if self._response.status != "completed":
+            raise IllegalTransition(f"a {self._response.status} response's end is not taken back")
+        self._sequence -= 1
+        events: list[StreamEvent] = []
+        if self._error_events:
+            events.append(ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload())))
+        self._response = self._response.model_copy(update={
+            "status": "failed", "error": ResponseError(**error.response_error()), "completed_at": None,
+        })
+        events.append(ResponseFailed(sequence_number=self._next(), response=self._response))
+        return events
+
     def _abandon_open(self) -> list[OutputItem]:
         """The open item as an ``incomplete`` wire item, without events."""
         item = self._open

@@ -166,6 +166,8 @@ class Turn:
         self._pump_task: asyncio.Task[None] | None = None
         self._control: _Cancelled | _Interrupted | None = None
         self._recorded_end = False
+        self._unrecorded: ORSError | None = None
+        """Why the end could not be recorded, if it could not."""
         self._started_at = 0.0
         self._first_output_at: float | None = None
         self._opened = False
@@ -330,6 +332,8 @@ class Turn:
                     # durable before the client sees the end: a client may fetch or
                     # continue the response the moment it reads the terminal event
                     await self._settle()
+                    if self._unrecorded is not None:  # not durable: not announced as ended well
+                        last = self._fail_unrecorded(last)
                 batch += last
                 if batch:
                     yield batch
@@ -473,12 +477,18 @@ class Turn:
         index = 0 if starting_after is None else starting_after + 1
         while True:
             changed = self._changed
-            while index < len(self.emitted):
+            while index < self._followable():
                 yield self.emitted[index]
                 index += 1
-            if (self.finished or self.ended) and index >= len(self.emitted):
+            if self.ended and index >= len(self.emitted):
                 return
             await self._await_change(changed)
+
+    def _followable(self) -> int:
+        """How many events a follower may have: all but a terminal event whose end is
+        not recorded yet (the turn has not ended): durable before it is sent, and
+        replaced if it could not be recorded (:meth:`_fail_unrecorded`)."""
+        return len(self.emitted) - (1 if self.finished and not self.ended else 0)
 
     async def open(self) -> None:
         """Record the response's start (store: true), the one step of a turn that can
@@ -598,5 +608,25 @@ class Turn:
                 written = await self.store.finish(self.tenant, self.id, final, output, events)
             if written and self.on_recorded is not None:
                 self.on_recorded(output)
-        except Exception:
+        except Exception as exc:
             log.exception("could not record the end of response %s", self.id)
+            self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(
+                "The server could not record this response.", code="store_error")
+
+    def _fail_unrecorded(self, last: list[Emitted]) -> list[Emitted]:
+        """The end was not recorded: a ``completed`` response's terminal event (the last
+        of ``last``, not yet sent) is taken back and the response fails with the store's
+        error instead (:meth:`ResponseBuilder.unrecorded`). An end that is not
+        ``completed`` stays as it is (logged): a failed one failed anyway, and an
+        ``incomplete`` one's items were closed so. Called before anything is awaited
+        after the end, so no follower has seen that event (:meth:`follow` holds a
+        terminal event back until the turn has ended)."""
+        error = self._unrecorded
+        assert error is not None
+        if self.builder.status != "completed":
+            return last
+        terminal = last.pop()
+        if self.emitted and self.emitted[-1] is terminal:
+            self.emitted.pop()
+        self.error = error
+        return last + [self._emit(event) for event in self.builder.unrecorded(error)]

@@ -20,8 +20,9 @@ taken from requests directly.
 
 The contract kept: the SQL is SQLAlchemy's own compilation of the statement, the
 values go through each column type's own bind processor (JSON columns keep their text
-exactly), an integrity error is raised as SQLAlchemy's :class:`IntegrityError` as
-before, and the statement runs in the caller's transaction. What is not kept: SQLAlchemy's
+exactly), a driver's error is raised as SQLAlchemy raises it (an integrity error as
+``IntegrityError``, a lost connection as ``OperationalError`` or ``InterfaceError``), and
+the statement runs in the caller's transaction. What is not kept: SQLAlchemy's
 statement events (``before_cursor_execute``) do not see these statements.
 """
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Executable
 
 Params = Mapping[str, Any]
@@ -72,8 +73,8 @@ class Direct:
                 cursor.executemany(compiled.sql, [compiled.values(row) for row in rows])
             else:
                 cursor.execute(compiled.sql, compiled.values(rows[0]))
-        except connection.dialect.loaded_dbapi.IntegrityError as error:
-            raise IntegrityError(compiled.sql, None, error) from error
+        except connection.dialect.loaded_dbapi.Error as error:
+            raise _as_sqlalchemy(compiled.sql, error, connection.dialect) from error
         finally:
             count = cursor.rowcount
             cursor.close()
@@ -87,8 +88,8 @@ class Direct:
         try:
             cursor.execute(compiled.sql, compiled.values(params))
             row = cursor.fetchone()
-        except connection.dialect.loaded_dbapi.IntegrityError as error:
-            raise IntegrityError(compiled.sql, None, error) from error
+        except connection.dialect.loaded_dbapi.Error as error:
+            raise _as_sqlalchemy(compiled.sql, error, connection.dialect) from error
         finally:
             cursor.close()
         return None if row is None else tuple(row)
@@ -103,3 +104,10 @@ class Direct:
                 sql.string, order, tuple(sql.binds[name].type.bind_processor(dialect) for name in order)
             )
         return compiled
+
+
+def _as_sqlalchemy(sql: str, error: Exception, dialect: Dialect) -> DBAPIError:
+    """The driver's error as SQLAlchemy raises it for its own statements: an
+    :class:`IntegrityError` for a constraint, an ``OperationalError`` or
+    ``InterfaceError`` for a connection that failed, and so on."""
+    return DBAPIError.instance(sql, None, error, dialect.loaded_dbapi.Error)

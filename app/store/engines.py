@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event, exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -120,6 +121,18 @@ def _postgres_engine(url: URL, *, pool_size: int, max_overflow: int, settings: d
                                  connect_args={"server_settings": settings})
     ping_when_idle(engine)
     return engine
+
+
+def unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the database cannot be reached (down, restarting, shutting
+    down, its connections lost, refused or exhausted) rather than that a statement
+    failed: SQLAlchemy's ``OperationalError`` and ``InterfaceError`` (SQLite's locked or
+    unreadable file, a PostgreSQL connection that broke), a pool that could not connect
+    (``DisconnectionError``) or had no connection to give (``TimeoutError``), and what
+    asyncpg raises itself while connecting."""
+    return isinstance(error, (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, exc.TimeoutError,
+                              OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
+                              asyncpg.InterfaceError))
 
 
 ALIVE_BYPASS_SECONDS = 0.5

@@ -37,6 +37,7 @@ import anyio.to_thread
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from app.store.engines import unreachable
 from app.store.migrate import advisory_key
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,11 @@ class AdvisoryLockLiveness(Liveness):
             return
         try:
             await connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
+        except Exception as error:
+            if not unreachable(error):
+                raise
+            # a session's lock ends with it: nothing is left to release
+            log.warning("The store's lock connection was lost before shutdown (its lock with it): %r", error)
         finally:
             await connection.invalidate()
             await connection.close()

@@ -43,6 +43,7 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.errors import StoreUnavailable
 from app.store import statements
 from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
 from app.store.relay import PostgresEventRelay, RelayedEvent, Source
@@ -51,7 +52,7 @@ from app.store.codec import packer, unpack_events
 from app.store.group_commit import GroupCommit, Writes
 from app.store.sqlite_writer import WriterProcess
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
-from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
+from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path, unreachable
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
 from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
@@ -335,7 +336,12 @@ class SqlResponseStore(ResponseStore):
         one statement on PostgreSQL); the caller's cancellation does not interrupt it."""
         if self._group is None:
             raise RuntimeError("the store is not open")
-        return await self._group.run(work, flush=flush, single=single)
+        try:
+            return await self._group.run(work, flush=flush, single=single)
+        except Exception as error:
+            if unreachable(error):
+                raise _unavailable(error) from error
+            raise
 
     # -- reads ---------------------------------------------------------------------
 
@@ -344,7 +350,12 @@ class SqlResponseStore(ResponseStore):
         statement (see :meth:`app.store.database.Database.read`)."""
         if self._db is None:
             raise RuntimeError("the store is not open")
-        return await self._db.read(work, single=single)
+        try:
+            return await self._db.read(work, single=single)
+        except Exception as error:
+            if unreachable(error):
+                raise _unavailable(error) from error
+            raise
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         params = {"b_tenant": tenant, "b_id": response_id}
@@ -410,3 +421,10 @@ class SqlResponseStore(ResponseStore):
 
 def _all(query: Any, connection: Connection) -> Sequence[Row[Any]]:
     return connection.execute(query).all()
+
+
+def _unavailable(error: Exception) -> StoreUnavailable:
+    """What a read or write that could not reach the database raises instead (503, a
+    retry may succeed); the cause is logged once here."""
+    log.warning("the response store cannot be reached: %r", error)
+    return StoreUnavailable("The response store cannot be reached at the moment; retry shortly.")

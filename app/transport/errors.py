@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from app.errors import InvalidRequest, NotFound, ORSError, PayloadTooLarge, ServerError, TooManyRequests
+from app.errors import InvalidRequest, NotFound, ORSError, PayloadTooLarge, ServerError
 
 log = logging.getLogger("ors.http")
 
@@ -29,7 +29,7 @@ def error_response(error: ORSError) -> JSONResponse:
     headers = None
     if error.status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
-    elif isinstance(error, TooManyRequests):
+    elif error.retry_after is not None:
         headers = {"Retry-After": str(error.retry_after)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
 

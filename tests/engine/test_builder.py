@@ -10,7 +10,7 @@ import pytest
 from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
 from app.engine.builder import IllegalTransition, ResponseBuilder
 from app.engine.echo import initial_response
-from app.errors import ModelError
+from app.errors import ModelError, StoreUnavailable
 from app.protocol.responses import CreateResponseBody
 from compliance import check_stream
 
@@ -188,3 +188,33 @@ def test_a_failed_response_keeps_the_partial_logprobs() -> None:
     events += builder.fail(ModelError("boom"))
     final = check_stream([*_wire(events), "[DONE]"])
     assert [lp["token"] for lp in final["output"][0]["content"][0]["logprobs"]] == ["half"]
+
+
+@pytest.mark.parametrize("error_events", [True, False], ids=["sse", "websocket"])
+def test_a_completed_end_that_was_not_recorded_is_taken_back_and_fails(error_events: bool) -> None:
+    builder = _builder(error_events=error_events)
+    events = builder.start() + builder.feed(TextDelta("kept")) + builder.feed(Finish("stop"))
+    assert builder.response.status == "completed"
+    events.pop()  # the terminal event, never sent
+    events += builder.unrecorded(StoreUnavailable("The response store cannot be reached."))
+    final = check_stream([*_wire(events), "[DONE]"], transport="sse" if error_events else "websocket")
+    assert final["status"] == "failed" and final["completed_at"] is None
+    assert final["error"] == {"code": "store_unavailable", "message": "The response store cannot be reached."}
+    assert [part["text"] for part in final["output"][0]["content"]] == ["kept"]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+
+
+def test_only_a_completed_end_can_be_taken_back() -> None:
+    builder = _builder()
+    builder.start()
+    with pytest.raises(IllegalTransition):
+        builder.unrecorded(StoreUnavailable("x"))  # still running
+    cut = _builder()
+    cut.start()
+    cut.feed(TextDelta("cut"))
+    cut.feed(Finish("length"))
+    with pytest.raises(IllegalTransition):
+        cut.unrecorded(StoreUnavailable("x"))  # its item was closed incomplete
+    builder.fail(ModelError("the model failed"))
+    with pytest.raises(IllegalTransition):
+        builder.unrecorded(StoreUnavailable("x"))  # failed already: nothing better to say

@@ -22,7 +22,7 @@ from app.engine.history import History, HistorySource, NoHistory
 from app.engine.models import ModelRouter
 from app.engine.runs import LiveTurns
 from app.engine.turn import Emitted, Turn, TurnPhase
-from app.errors import PreviousResponseNotFound, ServerError
+from app.errors import PreviousResponseNotFound, ServerError, StoreUnavailable
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
 from compliance import check_stream
@@ -324,3 +324,74 @@ async def test_a_slow_backend_is_never_waited_for() -> None:
     batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
     with_deltas = [batch for batch in batches if "response.output_text.delta" in batch]
     assert [batch.count("response.output_text.delta") for batch in with_deltas] == [1, 1, 1]
+
+
+async def test_a_follower_gets_the_terminal_event_once_the_end_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
+    await store.open()
+    try:
+        release = asyncio.Event()
+        finish = store.finish
+
+        async def held_finish(*args: Any, **kwargs: Any) -> bool:  # the end's write, held
+            await release.wait()
+            return await finish(*args, **kwargs)
+
+        monkeypatch.setattr(store, "finish", held_finish)
+        turn = await _turn(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store, background=True)
+        live = LiveTurns()
+        live.start_background(turn)
+        await turn.wait_started()
+        seen: list[Emitted] = []
+
+        async def follow() -> None:
+            async for emitted in turn.follow():
+                seen.append(emitted)
+
+        follower = asyncio.create_task(follow())
+        while not turn.finished:  # the terminal event is made; its write waits
+            await asyncio.sleep(0.01)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen and all(emitted.type != "response.completed" for emitted in seen)
+        assert turn.emitted[-1].type == "response.completed"
+        release.set()
+        await follower
+        assert check_stream(_decoded(seen), expect_done=False)["status"] == "completed"
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["stream", "background"])
+async def test_an_end_that_cannot_be_recorded_fails_the_response(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
+    await store.open()
+    try:
+        async def unreachable(*args: Any, **kwargs: Any) -> bool:  # injected: the database went away
+            raise StoreUnavailable("The response store cannot be reached at the moment; retry shortly.")
+
+        monkeypatch.setattr(store, "finish", unreachable)
+        turn = await _turn(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store,
+                           background=background, stream=not background)
+        if background:
+            live = LiveTurns()
+            live.start_background(turn)
+            await turn.wait_started()
+            events = [emitted async for emitted in turn.follow()]
+        else:
+            events = [emitted async for batch in turn.batches() for emitted in batch]
+        decoded = _decoded(events)
+        assert check_stream(decoded, expect_done=False)["status"] == "failed"
+        assert [event["type"] for event in decoded][-2:] == ["error", "response.failed"]
+        assert decoded[-1]["response"]["error"]["code"] == "store_unavailable"
+        assert decoded[-1]["response"]["completed_at"] is None
+        assert [part["text"] for part in decoded[-1]["response"]["output"][0]["content"]] == ["ab"]
+        assert isinstance(turn.error, StoreUnavailable) and turn.emitted == events
+        stored = await store.get("t", turn.id)
+        assert stored is not None and stored.status in ("queued", "in_progress")  # as it began
+    finally:
+        await store.close()

@@ -1,0 +1,210 @@
+"""The response store goes away under a running server, and comes back.
+
+A real ``ors serve`` process reaches the real PostgreSQL server through a TCP relay on
+loopback that the test cuts (every connection closed, new ones refused, as a database
+restart or a network partition does) and restores. While it is cut, everything that
+needs the store is a 503 ``store_unavailable`` error object with ``Retry-After``, never a
+500 or a dropped connection, and what does not need it (``store: false``) is served; a
+stream whose end cannot be recorded is not announced as ended well: it ends with
+``response.failed``, the same error, as its one terminal event. Once restored, the
+server serves stored responses again without a restart.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from compliance import SSEParser, StreamChecker, check_response, validate_error_body
+from tests.live import ServerProcess, free_port
+from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
+
+JSON = {"Content-Type": "application/json"}
+
+
+class CuttableRelay:
+    """A TCP relay on 127.0.0.1 to ``target_port``, a thread per direction of each
+    connection; :meth:`cut` closes every connection and the listener (new connections
+    are refused), :meth:`restore` listens again on the same port."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def restore(self) -> None:
+        if self._listener is not None:
+            return
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        with self._lock:
+            sockets, self._open = self._open, set()
+        for sock in sockets:
+            _close(sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._open |= {client, server}
+            for source, sink in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            _close(source)
+            _close(sink)
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on it
+    except OSError:
+        pass
+    sock.close()
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[ScriptedUpstream]:
+    with running_scripted_upstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture(scope="module")
+def relay(postgres_url: str) -> Iterator[CuttableRelay]:
+    relay = CuttableRelay(make_url(postgres_url).port or 5432)
+    relay.restore()
+    yield relay
+    relay.cut()
+
+
+@pytest.fixture(scope="module")
+def server(postgres_url: str, relay: CuttableRelay, upstream: ScriptedUpstream,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    url = make_url(postgres_url).set(port=relay.port).render_as_string(hide_password=False)
+    env = {"ORS_DATABASE_URL": url, "ORS_UPSTREAM_URL": upstream.base_url, "ORS_DEFAULT_MODEL": "any-upstream-model"}
+    server = ServerProcess(env, tmp_path_factory.mktemp("outage")).start()
+    yield server
+    relay.restore()  # a clean shutdown, whatever a failed test left
+    server.terminate()
+
+
+def _answer(upstream: ScriptedUpstream, text: str = "stored answer") -> str:
+    return upstream.stream(chunk(content=text), chunk(finish_reason="stop"), DONE)
+
+
+def _unavailable(reply: httpx.Response) -> None:
+    assert reply.status_code == 503, reply.text
+    validate_error_body(reply.json())
+    error = reply.json()["error"]
+    assert error["type"] == "server_error" and error["code"] == "store_unavailable", error
+    assert reply.headers["retry-after"] == "1"
+
+
+def _stream(server: ServerProcess, body: dict[str, Any], on_event: Any = None) -> list[dict[str, Any]]:
+    parser = SSEParser(require_done=True)
+    checker = StreamChecker(transport="sse")
+    events: list[dict[str, Any]] = []
+    with httpx.stream("POST", f"{server.url}/v1/responses", json={**body, "stream": True}, timeout=60) as reply:
+        assert reply.status_code == 200, reply.read()
+        for data in reply.iter_raw():
+            for event in parser.feed(data):
+                checker.feed(event)
+                events.append(event)
+                if on_event is not None:
+                    on_event(event)
+    parser.close()
+    checker.finish()
+    return events
+
+
+def test_while_the_store_is_cut_off_what_needs_it_is_a_503_and_the_rest_is_served(
+    server: ServerProcess, upstream: ScriptedUpstream, relay: CuttableRelay
+) -> None:
+    stored = httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"}, timeout=60)
+    response_id = check_response(stored.json())["id"]
+    relay.cut()
+    try:
+        _unavailable(httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"},
+                                timeout=60))
+        _unavailable(httpx.post(f"{server.url}/v1/responses",
+                                json={"model": _answer(upstream), "input": "Hi", "stream": True}, timeout=60))
+        _unavailable(httpx.get(f"{server.url}/v1/responses/{response_id}", timeout=60))
+        unstored = httpx.post(f"{server.url}/v1/responses",
+                              json={"model": _answer(upstream, "not kept"), "input": "Hi", "store": False}, timeout=60)
+        assert check_response(unstored.json())["status"] == "completed"
+    finally:
+        relay.restore()
+    # back: the pool's broken connections are replaced, without a restart
+    again = httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"}, timeout=60)
+    assert check_response(again.json())["status"] == "completed"
+    fetched = httpx.get(f"{server.url}/v1/responses/{check_response(again.json())['id']}", timeout=60)
+    assert check_response(fetched.json())["status"] == "completed"
+    assert check_response(httpx.get(f"{server.url}/v1/responses/{response_id}", timeout=60).json())["id"] == response_id
+
+
+def test_a_stream_whose_end_cannot_be_recorded_fails_instead_of_completing(
+    server: ServerProcess, upstream: ScriptedUpstream, relay: CuttableRelay
+) -> None:
+    paced = upstream.stream(chunk(content="first"), Pause(1.0), chunk(content=" second"),
+                            chunk(finish_reason="stop"), DONE)
+
+    def cut_after_the_first_text(event: dict[str, Any]) -> None:
+        if event["type"] == "response.output_text.delta" and event["delta"] == "first":
+            relay.cut()
+
+    try:
+        events = _stream(server, {"model": paced, "input": "Hi"}, cut_after_the_first_text)
+    finally:
+        relay.restore()
+    types = [event["type"] for event in events]
+    assert "response.completed" not in types
+    assert types[-2:] == ["error", "response.failed"]
+    assert events[-2]["error"]["code"] == "store_unavailable"
+    failed = events[-1]["response"]
+    assert failed["error"]["code"] == "store_unavailable"
+    # the output streamed is kept in the failed response: nothing the client saw is lost
+    assert [part["text"] for item in failed["output"] for part in item["content"]] == ["first second"]
+    # not recorded as completed either: the store still has the response as it began
+    deadline = time.monotonic() + 30  # a bound, not a measurement
+    while True:
+        fetched = httpx.get(f"{server.url}/v1/responses/{failed['id']}", timeout=60)
+        if fetched.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert check_response(fetched.json())["status"] == "in_progress"
+
+
+def test_no_request_in_the_outage_was_an_unhandled_error(server: ServerProcess) -> None:
+    """Runs after the others (same module, same server): each failure was answered as
+    the store's error, none fell through to the last-resort handler."""
+    log = server.log()
+    assert "store_unavailable" in log or "cannot be reached" in log
+    assert "unhandled error" not in log and "Exception in ASGI application" not in log

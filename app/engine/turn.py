@@ -334,6 +334,7 @@ class Turn:
                     await self._settle()
                     if self._unrecorded is not None:  # not durable: not announced as ended well
                         last = self._fail_unrecorded(last)
+                        await self._record_later()
                 batch += last
                 if batch:
                     yield batch
@@ -612,6 +613,20 @@ class Turn:
             log.exception("could not record the end of response %s", self.id)
             self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(
                 "The server could not record this response.", code="store_error")
+
+    async def _record_later(self) -> None:
+        """The end the client was told (the failure that replaced an unrecorded end, or
+        an end that stayed), handed to the store to write once it can
+        (:meth:`ResponseStore.finish_later`): the stored response then says so too,
+        instead of staying ``in_progress``. A response recorded only whole (a JSON
+        answer) has no row to end."""
+        if self.store is None or self._deferred is not None:
+            return
+        resource = self.builder.response
+        await self.store.finish_later(
+            self.tenant, self.id, Serialized(self._response_json(resource), str(resource.status)),
+            [item.model_dump(mode="json") for item in resource.output],
+            [emitted.data for emitted in self.emitted] if self._serialize else None)
 
     def _fail_unrecorded(self, last: list[Emitted]) -> list[Emitted]:
         """The end was not recorded: a ``completed`` response's terminal event (the last

@@ -151,6 +151,15 @@ class ResponseStore(abc.ABC):
         return await self.finish(response.tenant, response.id, resource, output_items, events)
 
     @abc.abstractmethod
+    async def finish_later(
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
+    ) -> None:
+        """:meth:`finish`, kept in memory and written once the store can be reached
+        again: for the end of a response whose own :meth:`finish` could not reach it
+        (the client was told the response failed; the store should say so too, not keep
+        it ``in_progress``). Retried until it is written or the store closes."""
+
+    @abc.abstractmethod
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
         """Record the client's cancel of a response that has not finished, wherever it
         runs: its row becomes ``cancelled`` (the latest snapshot with ``status:

@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 POSTGRES_WRITERS = 4
 """Concurrent group-commit transactions on PostgreSQL (SQLite has one writer anyway)."""
+LATE_END_RETRY_SECONDS = 1.0
+"""How often ends that could not be written (:meth:`SqlResponseStore.finish_later`) are
+tried again."""
 
 T = TypeVar("T")
 
@@ -90,6 +93,8 @@ class SqlResponseStore(ResponseStore):
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
         self._group: Writes | None = None
+        self._late_ends: dict[str, Callable[[Connection], bool]] = {}
+        self._late_task: asyncio.Task[None] | None = None
 
     @property
     def engine(self) -> AsyncEngine:
@@ -148,11 +153,16 @@ class SqlResponseStore(ResponseStore):
     async def close(self) -> None:
         """Stop periodic recovery, let writes in flight commit, release the locks and the
         pool. Idempotent."""
-        task, self._recovery_task = self._recovery_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._recovery_task, self._late_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._recovery_task = self._late_task = None
+        if self._late_ends:
+            log.error("The store closes with %d response end(s) it could not write: %s", len(self._late_ends),
+                      ", ".join(self._late_ends))
+            self._late_ends.clear()
         group, self._group = self._group, None
         if group is not None:
             await group.close()
@@ -206,6 +216,35 @@ class SqlResponseStore(ResponseStore):
         body = await self._packer(events)
         return await self._write(functools.partial(statements.write_finish, tenant, response_id, status, resource,
                                                    output_rows, body), single=True)
+
+    async def finish_later(
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
+    ) -> None:
+        status = statements.status_of(resource)
+        if status not in TERMINAL:
+            raise ValueError(f"a finished response has a terminal status, not {status!r}")
+        output_rows = statements.rows_of_items(response_id, "output", output_items)
+        self._late_ends[response_id] = functools.partial(statements.write_finish, tenant, response_id, status,
+                                                         resource, output_rows, await self._packer(events))
+        if self._late_task is None or self._late_task.done():
+            self._late_task = asyncio.create_task(self._write_late_ends(), name="store-late-ends")
+
+    async def _write_late_ends(self) -> None:
+        """Every :data:`LATE_END_RETRY_SECONDS`, the ends kept by :meth:`finish_later`, in
+        order, until none is left; while the store is out of reach, all of them wait."""
+        while self._late_ends:
+            await asyncio.sleep(LATE_END_RETRY_SECONDS)
+            for response_id, work in list(self._late_ends.items()):
+                try:
+                    await self._write(work, single=True)
+                except StoreUnavailable:
+                    break
+                except Exception:  # a conflict (it did finish after all): nothing to retry
+                    log.exception("The late end of response %s could not be written; given up.", response_id)
+                else:
+                    log.info("The end of response %s, which could not be written then, is written now.",
+                             response_id)
+                self._late_ends.pop(response_id, None)
 
     async def record(
         self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None

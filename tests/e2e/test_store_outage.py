@@ -7,7 +7,8 @@ needs the store is a 503 ``store_unavailable`` error object with ``Retry-After``
 500 or a dropped connection, and what does not need it (``store: false``) is served; a
 stream whose end cannot be recorded is not announced as ended well: it ends with
 ``response.failed``, the same error, as its one terminal event. Once restored, the
-server serves stored responses again without a restart.
+server serves stored responses again without a restart, and writes the end it could
+not write, as its client was told it.
 """
 
 from __future__ import annotations
@@ -192,14 +193,21 @@ def test_a_stream_whose_end_cannot_be_recorded_fails_instead_of_completing(
     assert failed["error"]["code"] == "store_unavailable"
     # the output streamed is kept in the failed response: nothing the client saw is lost
     assert [part["text"] for item in failed["output"] for part in item["content"]] == ["first second"]
-    # not recorded as completed either: the store still has the response as it began
-    deadline = time.monotonic() + 30  # a bound, not a measurement
+    # once the store is back, it says what the client was told
+    deadline = time.monotonic() + 60  # a bound, not a measurement
     while True:
         fetched = httpx.get(f"{server.url}/v1/responses/{failed['id']}", timeout=60)
-        if fetched.status_code == 200 or time.monotonic() > deadline:
+        if fetched.status_code == 200 and fetched.json()["status"] != "in_progress" or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert check_response(fetched.json())["status"] == "in_progress"
+    stored = check_response(fetched.json())
+    assert stored["status"] == "failed" and stored["error"]["code"] == "store_unavailable"
+    assert stored["output"] == failed["output"]
+    replay = httpx.get(f"{server.url}/v1/responses/{failed['id']}?stream=true", timeout=60)
+    parser = SSEParser(require_done=True)
+    replayed = parser.feed(replay.content)
+    parser.close()
+    assert replayed == events  # the events it kept are the ones the client read
 
 
 def test_no_request_in_the_outage_was_an_unhandled_error(server: ServerProcess) -> None:

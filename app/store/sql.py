@@ -236,14 +236,14 @@ class SqlResponseStore(ResponseStore):
             await asyncio.sleep(LATE_END_RETRY_SECONDS)
             for response_id, work in list(self._late_ends.items()):
                 try:
-                    await self._write(work, single=True)
+                    written = await self._write(work, single=True)
                 except StoreUnavailable:
                     break
                 except Exception:  # a conflict (it did finish after all): nothing to retry
                     log.exception("The late end of response %s could not be written; given up.", response_id)
                 else:
-                    log.info("The end of response %s, which could not be written then, is written now.",
-                             response_id)
+                    log.info("The end of response %s, which could not be written then, %s.", response_id,
+                             "is written now" if written else "is not needed: it was cancelled or deleted meanwhile")
                 self._late_ends.pop(response_id, None)
 
     async def record(

@@ -134,13 +134,16 @@ def _instructions(vocabulary: Vocabulary, tokens: int) -> str:
 # ---------------------------------------------------------------- raw llama.cpp
 
 
-async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int, sampling: dict[str, Any]) -> Stream:
+async def _raw_stream(client: httpx.AsyncClient, prompt: list[int], n_predict: int, sampling: dict[str, Any],
+                      ticks: Ticks | None = None) -> Stream:
     """One streamed completion with the sampling ors would send; retried once if a
     kept-alive connection was closed under it before anything arrived (as ors does)."""
     try:
-        return await _raw_stream_once(client, prompt, n_predict, sampling)
+        return await _raw_stream_once(client, prompt, n_predict, sampling, ticks)
     except httpx.RemoteProtocolError:
-        return await _raw_stream_once(client, prompt, n_predict, sampling)
+        if ticks is not None and ticks.times:
+            raise  # it had begun: not a connection closed before the request
+        return await _raw_stream_once(client, prompt, n_predict, sampling, ticks)
 
 
 async def _raw_stream_once(client: httpx.AsyncClient, prompt: list[int], n_predict: int,
@@ -189,7 +192,7 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, server: LlamaServer, in
                                                     ChatMessage("user", "What is rule 12?")), 8, sampling)
             ticks = Ticks()
             stall = await _stall(
-                _raw_stream_once(client, prompt(ChatMessage("user", QUESTION)), 100_000, sampling, ticks),
+                _raw_stream(client, prompt(ChatMessage("user", QUESTION)), 100_000, sampling, ticks),
                 _raw_stream(client, prompt(ChatMessage("system", stall_prompt), ChatMessage("user", "Rule 3?")),
                             1, sampling),
                 ticks)

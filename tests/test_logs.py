@@ -96,3 +96,18 @@ def test_a_loop_that_stopped_leaves_no_line_behind(logged, monkeypatch: pytest.M
     assert stream.getvalue() == ""
     asyncio.run(log_and_wait())
     assert stream.getvalue() == "INFO from the first loop\nINFO from the second\n"
+
+
+def test_every_logger_of_the_server_is_under_ors() -> None:
+    """``ORS_LOG_LEVEL`` applies to ``ors.*`` (other libraries are capped at warnings): a
+    logger of ours named otherwise would lose its info lines, whatever the level asked."""
+    import importlib
+    import pkgutil
+
+    import app
+
+    for module in pkgutil.walk_packages(app.__path__, "app."):
+        if ".migrations." not in module.name:
+            importlib.import_module(module.name)
+    ours = [name for name in logging.Logger.manager.loggerDict if name == "app" or name.startswith("app.")]
+    assert ours == []

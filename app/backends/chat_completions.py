@@ -76,7 +76,7 @@ from app.backends.tool_names import names_back, restored, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ors.upstream")
 
 TokenLimitField = Literal["max_tokens", "max_completion_tokens"]
 SchemaStyle = Literal["json_schema", "json_object_schema"]

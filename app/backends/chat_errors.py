@@ -28,7 +28,7 @@ from app.errors import (
     TooManyRequests,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ors.upstream")
 
 ERROR_BODY_LIMIT = 64 * 1024
 ERROR_MESSAGE_LIMIT = 500

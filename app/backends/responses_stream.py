@@ -61,7 +61,7 @@ from app.backends.chat_stream import _token_logprob
 from app.backends.responses_errors import failed_response_error, stream_error
 from app.errors import ModelError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ors.upstream")
 
 _TEXT_EVENTS = {"response.output_text.delta", "response.refusal.delta"}
 _REASONING_EVENTS = {

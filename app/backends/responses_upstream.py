@@ -46,7 +46,7 @@ from app.backends.tool_names import names_back, restored, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ors.upstream")
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

@@ -33,7 +33,7 @@ from app.backends.base import Backend, ModelInfo
 from app.backends.chat_errors import error_for_status, upstream_errors
 from app.errors import ORSError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("ors.upstream")
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,9 +15,10 @@ rows must never be touched.
   An owner is dead iff its lock can be taken: the server releases a session's locks as
   soon as its connection ends, including when the process is killed. The probe keeps
   the dead owner's lock while its rows are failed, then releases it. If the dedicated
-  connection breaks, :meth:`heartbeat` reconnects and takes the lock again; in between,
-  other replicas may fail this instance's running responses (their ``finish`` then
-  raises :class:`~app.store.base.StoreConflict`).
+  connection breaks, :meth:`heartbeat` reconnects and takes the lock again (the store
+  calls it within about a second of finding the database out of reach, and then every
+  second until it succeeds); in between, other replicas may fail this instance's
+  running responses (their ``finish`` then raises :class:`~app.store.base.StoreConflict`).
 
 An instance id must be unique per process start (e.g. a random UUID): a store refuses
 to open with an id whose lock is held.
@@ -26,6 +27,7 @@ to open with an id whose lock is held.
 from __future__ import annotations
 
 import abc
+import contextlib
 import fcntl
 import logging
 import os
@@ -40,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from app.store.engines import unreachable
 from app.store.migrate import advisory_key
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ors.store")
 
 
 class StoreInUse(RuntimeError):
@@ -127,18 +129,19 @@ class AdvisoryLockLiveness(Liveness):
         return connection
 
     async def heartbeat(self) -> None:
+        """Check the lock's connection; if it broke, connect and take the lock again
+        (raises if the database cannot be reached: the caller tries again later)."""
         connection = self._connection
-        try:
-            if connection is None:
-                raise ConnectionError("no lock connection")
-            await connection.execute(text("SELECT 1"))
-            return
-        except Exception:
-            log.warning("The store's lock connection broke; taking the instance lock again.", exc_info=True)
         if connection is not None:
+            try:
+                await connection.execute(text("SELECT 1"))
+                return
+            except Exception:
+                log.warning("The store's lock connection broke; taking the instance lock again.", exc_info=True)
             self._connection = None
-            await connection.invalidate()
-            await connection.close()
+            with contextlib.suppress(Exception):  # a broken connection: nothing to hand back
+                await connection.invalidate()
+                await connection.close()
         self._connection = await self._connect_and_lock()
 
     async def close(self) -> None:

@@ -23,10 +23,18 @@ stored. A client may ask any replica or worker to follow it meanwhile. The contr
   looks at the stored row: once the response has ended, the stored events after the
   last one it yielded finish the stream. So a lost notice, a relay that died with its
   process, or a response that ended between two looks all end in the stored record.
+* **Never a gap.** Sequence numbers are consecutive, and a follower yields only the
+  next one. An event further on means notices were lost (this process's connection was
+  down while the relay went on): the follower asks again with a new token, once per
+  gap, and the new relay sends from the last event it yielded.
 
-Each process uses **one dedicated asyncpg connection** for this, outside the store's pool
-(as for cancels: a pooled connection is reset when it goes back, which drops ``LISTEN``).
-SQLite has one process, where every running response is live locally: no relay.
+Each process uses **one dedicated connection** for this (:class:`~app.store.listener.Listener`,
+outside the store's pool, as for cancels: a pooled connection is reset when it goes
+back, which drops ``LISTEN``). When it is lost it comes back: a relay whose notice
+could not be sent stops (the follower's next ask starts another), a follow request that
+could not be sent is asked again later, and once listening again every follower of this
+process asks again with a new token. SQLite has one process, where every running
+response is live locally: no relay.
 """
 
 from __future__ import annotations
@@ -42,7 +50,11 @@ from typing import Any
 
 import asyncpg
 
-log = logging.getLogger(__name__)
+from app.errors import StoreUnavailable
+from app.store.engines import unreachable
+from app.store.listener import Listener
+
+log = logging.getLogger("ors.store")
 
 FOLLOW_CHANNEL = "ors_follow"
 EVENTS_CHANNEL = "ors_events"
@@ -68,8 +80,18 @@ Ended = Callable[[str, str], Awaitable[list[str] | None]]
 
 @dataclass(slots=True)
 class _Follower:
+    tenant: str
+    last: int
+    """The sequence number of the last event yielded (-1: none)."""
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    asked_after_gap: int | None = None
+    """The ``last`` at which a gap was last asked about (once per gap)."""
     queue: asyncio.Queue[RelayedEvent] = field(default_factory=asyncio.Queue)
     pieces: dict[int, list[str | None]] = field(default_factory=dict)
+
+    def renew(self) -> None:
+        """A new token: the owner starts a new relay from :attr:`last`."""
+        self.token = uuid.uuid4().hex
 
 
 def _pieces(response_id: str, sequence: int, kind: str, data: str) -> list[str]:
@@ -81,8 +103,8 @@ class PostgresEventRelay:
     """Both sides of following across processes on PostgreSQL (see the module docstring)."""
 
     def __init__(self, dsn: str) -> None:
-        self._dsn = dsn
-        self._connection: asyncpg.Connection | None = None
+        self._listener = Listener(dsn, {FOLLOW_CHANNEL: self._on_follow, EVENTS_CHANNEL: self._on_piece},
+                                  name="event relay", on_back=self._ask_again)
         self._send_lock = asyncio.Lock()
         self._source: Source | None = None
         self._relays: dict[tuple[str, str], asyncio.Task[None]] = {}
@@ -91,14 +113,10 @@ class PostgresEventRelay:
     async def start(self, source: Source) -> None:
         """Listen for follow requests (answered from ``source``) and for relayed events."""
         self._source = source
-        connection = await asyncpg.connect(self._dsn)
-        try:
-            await connection.add_listener(FOLLOW_CHANNEL, self._on_follow)
-            await connection.add_listener(EVENTS_CHANNEL, self._on_piece)
-        except BaseException:
-            await connection.close()
-            raise
-        self._connection = connection
+        await self._listener.start()
+
+    async def heartbeat(self) -> None:
+        await self._listener.heartbeat()
 
     async def close(self) -> None:
         for task in list(self._relays.values()):
@@ -106,38 +124,50 @@ class PostgresEventRelay:
         for task in list(self._relays.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                await connection.close(timeout=5)
+        await self._listener.close()
+
+    async def _ask_again(self, _since_ms: int) -> None:
+        """Listening again: what was relayed meanwhile did not reach this process, so
+        each of its followers asks for a new relay from the last event it yielded."""
+        for response_id, followers in list(self._followers.items()):
+            for follower in list(followers):
+                follower.renew()
+                await self._ask(follower, response_id)
 
     # ------------------------------------------------------------ the follower's side
 
     async def follow(self, tenant: str, response_id: str, after: int | None, ended: Ended) -> AsyncIterator[RelayedEvent]:
         """The events of a response another process runs, after ``after``, until its
         terminal event (or, if the relay falls silent, until the stored record ends it)."""
-        follower = _Follower()
+        follower = _Follower(tenant, -1 if after is None else after)
         self._followers.setdefault(response_id, []).append(follower)
-        token = uuid.uuid4().hex
-        last = -1 if after is None else after
         try:
-            await self._ask(tenant, response_id, last, token)
+            await self._ask(follower, response_id)
             while True:
                 try:
                     event = await asyncio.wait_for(follower.queue.get(), QUIET_SECONDS)
                 except TimeoutError:
-                    stored = await ended(tenant, response_id)
+                    try:
+                        stored = await ended(tenant, response_id)
+                    except StoreUnavailable:
+                        stored = None  # the store is out of reach: the relay may still come
                     if stored is not None:
                         for data in stored:
                             sequence = json.loads(data)["sequence_number"]
-                            if sequence > last:
+                            if sequence > follower.last:
                                 yield RelayedEvent(sequence, json.loads(data)["type"], data)
                         return
-                    await self._ask(tenant, response_id, last, token)
+                    await self._ask(follower, response_id)
                     continue
-                if event.sequence_number <= last:
+                if event.sequence_number <= follower.last:
                     continue
-                last = event.sequence_number
+                if event.sequence_number > follower.last + 1:  # notices were lost: a gap
+                    if follower.asked_after_gap != follower.last:
+                        follower.asked_after_gap = follower.last
+                        follower.renew()
+                        await self._ask(follower, response_id)
+                    continue
+                follower.last = event.sequence_number
                 yield event
                 if event.type in _TERMINAL:
                     return
@@ -148,8 +178,11 @@ class PostgresEventRelay:
             if not followers:
                 self._followers.pop(response_id, None)
 
-    async def _ask(self, tenant: str, response_id: str, after: int, token: str) -> None:
-        payload = json.dumps({"tenant": tenant, "id": response_id, "after": after, "token": token})
+    async def _ask(self, follower: _Follower, response_id: str) -> None:
+        """A follow request for ``follower`` (not sent while the connection is lost: the
+        follower asks again after :data:`QUIET_SECONDS`, or when it is back)."""
+        payload = json.dumps({"tenant": follower.tenant, "id": response_id, "after": follower.last,
+                              "token": follower.token})
         await self._send([payload], FOLLOW_CHANNEL)
 
     def _on_piece(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
@@ -187,19 +220,28 @@ class PostgresEventRelay:
         task.add_done_callback(lambda _: self._relays.pop((response_id, token), None))
 
     async def _relay(self, response_id: str, events: AsyncIterator[tuple[int, str, str]]) -> None:
-        try:
-            async for sequence, kind, data in events:
-                await self._send(_pieces(response_id, sequence, kind, data), EVENTS_CHANNEL)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-            log.warning("stopped relaying the events of %s: %r", response_id, error)
+        async for sequence, kind, data in events:
+            if not await self._send(_pieces(response_id, sequence, kind, data), EVENTS_CHANNEL):
+                # the follower's next ask (same token, now free) starts a relay from its last event
+                log.warning("stopped relaying the events of %s: the relay connection is lost", response_id)
+                return
 
-    async def _send(self, payloads: list[str], channel: str) -> None:
-        connection = self._connection
+    async def _send(self, payloads: list[str], channel: str) -> bool:
+        """Whether the notices were sent (in order, on the one relay connection)."""
+        connection = self._listener.connection
         if connection is None:
-            return
-        async with self._send_lock:  # one session, so the pieces go out in order
-            await connection.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS u(p, n) "
-                                     "ORDER BY n", channel, payloads)
+            return False
+        try:
+            async with self._send_lock:  # one session, so the pieces go out in order
+                await connection.execute("SELECT pg_notify($1, p) FROM unnest($2::text[]) WITH ORDINALITY AS u(p, n) "
+                                         "ORDER BY n", channel, payloads)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            if not unreachable(error):
+                log.warning("could not send %d notice(s) on %s: %r", len(payloads), channel, error)
+            elif connection is self._listener.connection:
+                self._listener.lost(error)
+            return False
+        return True
 
 
 _TERMINAL = frozenset({"response.completed", "response.failed", "response.incomplete"})

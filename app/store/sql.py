@@ -28,6 +28,12 @@ Rows of dead owners left ``queued``/``in_progress`` become ``failed``; their
 ``resource`` keeps every field, with ``status: "failed"`` and ``error: {code:
 "server_restarted", message}``. Recovery runs at :meth:`open`, and on PostgreSQL again
 every ``recover_interval`` seconds until :meth:`close`.
+
+An outage. A session's locks end with its connection, so when the database is out of
+reach this instance's lock (and its ``LISTEN``) goes with it. The first read or write
+that finds the database out of reach wakes the periodic task, which then tries every
+:data:`RECONNECT_SECONDS` until the lock is taken again: the lock is back within about
+a second of the database, not at the next period.
 """
 
 from __future__ import annotations
@@ -57,13 +63,18 @@ from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLive
 from app.store.migrate import upgrade
 from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ors.store")
 
 POSTGRES_WRITERS = 4
 """Concurrent group-commit transactions on PostgreSQL (SQLite has one writer anyway)."""
 LATE_END_RETRY_SECONDS = 1.0
 """How often ends that could not be written (:meth:`SqlResponseStore.finish_later`) are
 tried again."""
+RECONNECT_SECONDS = 1.0
+"""How often, once a read or write found the database out of reach, the instance lock
+and the notice connection are tried again until they are back (PostgreSQL), instead of
+every ``recover_interval``: while the lock is lost, another replica's recovery may count
+this instance as dead."""
 
 T = TypeVar("T")
 
@@ -92,6 +103,8 @@ class SqlResponseStore(ResponseStore):
         self._relay: PostgresEventRelay | None = None
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
+        self._reconnect = asyncio.Event()
+        """Set when a read or write found the database out of reach (see the module)."""
         self._group: Writes | None = None
         self._late_ends: dict[str, Callable[[Connection], bool]] = {}
         self._late_task: asyncio.Task[None] | None = None
@@ -185,17 +198,39 @@ class SqlResponseStore(ResponseStore):
                 await engine.dispose()
 
     async def _recover_periodically(self) -> None:
+        """Every ``recover_interval``: the lock and the notices checked (and taken again
+        if their connection broke), then recovery. Woken early by an outage, and then
+        every :data:`RECONNECT_SECONDS` until they are back."""
+        out_of_reach = False
         while True:
-            await asyncio.sleep(self.recover_interval)
+            if out_of_reach:  # paced, however many requests find it out of reach meanwhile
+                await asyncio.sleep(RECONNECT_SECONDS)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.recover_interval):
+                        await self._reconnect.wait()
+            self._reconnect.clear()
             try:
                 async with self._recover_lock:
                     if self._liveness is not None:
                         await self._liveness.heartbeat()
                 if self._notices is not None:
                     await self._notices.heartbeat()
+                if self._relay is not None:
+                    await self._relay.heartbeat()
                 await self.recover()
-            except Exception:
-                log.exception("Periodic recovery of the response store failed; retrying later.")
+            except Exception as error:
+                if not unreachable(error) and not isinstance(error, StoreUnavailable):
+                    log.exception("Periodic recovery of the response store failed; retrying later.")
+                    continue
+                if not out_of_reach:
+                    log.warning("The store's instance lock is lost with the database; taking it again every "
+                                "%.0f s: %r", RECONNECT_SECONDS, error)
+                out_of_reach = True
+                continue
+            if out_of_reach:
+                log.info("The store's instance lock is taken again.")
+            out_of_reach = False
 
     # -- writes --------------------------------------------------------------------
 
@@ -379,6 +414,7 @@ class SqlResponseStore(ResponseStore):
             return await self._group.run(work, flush=flush, single=single)
         except Exception as error:
             if unreachable(error):
+                self._reconnect.set()
                 raise _unavailable(error) from error
             raise
 
@@ -393,6 +429,7 @@ class SqlResponseStore(ResponseStore):
             return await self._db.read(work, single=single)
         except Exception as error:
             if unreachable(error):
+                self._reconnect.set()
                 raise _unavailable(error) from error
             raise
 

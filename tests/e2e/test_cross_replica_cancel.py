@@ -1,7 +1,9 @@
 """Two real ``ors serve`` processes on 127.0.0.1 sharing one real PostgreSQL database, the
 model a slow scripted upstream both of them reach: a cancel sent to one replica stops the
 response the other generates, and a stream followed on one replica
-(``GET /v1/responses/{id}?stream=true``) while the other generates it arrives live."""
+(``GET /v1/responses/{id}?stream=true``) while the other generates it arrives live; both
+still do after the database was out of reach (each replica's connections to it cut and
+restored: their dedicated ``LISTEN`` connections come back)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import httpx
 import pytest
 
 from compliance import SSEParser, StreamChecker, check_response
+from sqlalchemy.engine import make_url
+
 from tests.live import ServerProcess
+from tests.tcp_relay import CuttableRelay
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
 
 JSON = {"Content-Type": "application/json"}
@@ -25,10 +30,9 @@ def upstream() -> Iterator[ScriptedUpstream]:
         yield upstream
 
 
-@pytest.fixture(scope="module")
-def replicas(postgres_url: str, upstream: ScriptedUpstream,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    env = {"ORS_DATABASE_URL": postgres_url, "ORS_UPSTREAM_URL": upstream.base_url,
+def _two_replicas(database_url: str, upstream: ScriptedUpstream,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    env = {"ORS_DATABASE_URL": database_url, "ORS_UPSTREAM_URL": upstream.base_url,
            "ORS_DEFAULT_MODEL": "any-upstream-model"}
     first = ServerProcess(env, tmp_path_factory.mktemp("replica-1")).start()
     try:
@@ -39,6 +43,37 @@ def replicas(postgres_url: str, upstream: ScriptedUpstream,
     yield first, second
     for replica in (first, second):
         replica.terminate()
+
+
+@pytest.fixture(scope="module")
+def replicas(postgres_url: str, upstream: ScriptedUpstream,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    yield from _two_replicas(postgres_url, upstream, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def relay(postgres_url: str) -> Iterator[CuttableRelay]:
+    relay = CuttableRelay(make_url(postgres_url).port or 5432)
+    relay.restore()
+    yield relay
+    relay.cut()
+
+
+@pytest.fixture(scope="module")
+def replicas_after_an_outage(postgres_url: str, relay: CuttableRelay, upstream: ScriptedUpstream,
+                             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Two replicas that reach the database through ``relay``, which was cut (every
+    connection of theirs closed, new ones refused) and restored once they ran; yielded
+    once each says its event relay connection is back."""
+    url = make_url(postgres_url).set(port=relay.port).render_as_string(hide_password=False)
+    for pair in _two_replicas(url, upstream, tmp_path_factory):
+        relay.cut()
+        time.sleep(1.0)  # they try to come back meanwhile, and are refused
+        relay.restore()
+        for replica in pair:
+            assert _until(lambda replica=replica: "The event relay connection is back." in replica.log(), 30), \
+                replica.log()[-3000:]
+        yield pair
 
 
 def _slow(upstream: ScriptedUpstream) -> str:
@@ -168,6 +203,18 @@ def test_a_follower_elsewhere_starts_after_the_number_it_names(
     events, _ = _follow(other, response_id, starting_after=3)
     assert [e["sequence_number"] for e in events] == list(range(4, 4 + len(events)))
     assert events[-1]["type"] == "response.completed"
+
+
+def test_after_an_outage_a_stream_followed_on_another_replica_arrives_live(
+    replicas_after_an_outage: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    test_a_stream_followed_on_another_replica_arrives_live(replicas_after_an_outage, upstream)
+
+
+def test_after_an_outage_a_cancel_sent_to_another_replica_stops_the_stream(
+    replicas_after_an_outage: tuple[ServerProcess, ServerProcess], upstream: ScriptedUpstream
+) -> None:
+    test_a_cancel_sent_to_another_replica_stops_the_stream(replicas_after_an_outage, upstream)
 
 
 def test_the_log_of_each_replica_is_clean(replicas: tuple[ServerProcess, ServerProcess]) -> None:

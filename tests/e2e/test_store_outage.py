@@ -13,83 +13,22 @@ not write, as its client was told it.
 
 from __future__ import annotations
 
-import socket
-import threading
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
 from compliance import SSEParser, StreamChecker, check_response, validate_error_body
-from tests.live import ServerProcess, free_port
+from tests.live import ServerProcess
+from tests.tcp_relay import CuttableRelay
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
 
 JSON = {"Content-Type": "application/json"}
-
-
-class CuttableRelay:
-    """A TCP relay on 127.0.0.1 to ``target_port``, a thread per direction of each
-    connection; :meth:`cut` closes every connection and the listener (new connections
-    are refused), :meth:`restore` listens again on the same port."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = free_port()
-        self._listener: socket.socket | None = None
-        self._open: set[socket.socket] = set()
-        self._lock = threading.Lock()
-
-    def restore(self) -> None:
-        if self._listener is not None:
-            return
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def cut(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-        with self._lock:
-            sockets, self._open = self._open, set()
-        for sock in sockets:
-            _close(sock)
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
-            with self._lock:
-                self._open |= {client, server}
-            for source, sink in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _close(source)
-            _close(sink)
-
-
-def _close(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv on it
-    except OSError:
-        pass
-    sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +147,54 @@ def test_a_stream_whose_end_cannot_be_recorded_fails_instead_of_completing(
     replayed = parser.feed(replay.content)
     parser.close()
     assert replayed == events  # the events it kept are the ones the client read
+
+
+def _advisory_locks_of_the_server(postgres_url: str, relay: CuttableRelay) -> int:
+    """Session advisory locks held by the server's sessions (those that came through the
+    relay): its instance lock, which says to other replicas that it is alive."""
+    async def count() -> int:
+        connection = await asyncpg.connect(make_url(postgres_url).set(drivername="postgresql").render_as_string(
+            hide_password=False))
+        try:
+            return await connection.fetchval(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND a.client_port = ANY($1::int[])",
+                sorted(relay.database_ports))
+        finally:
+            await connection.close()
+    return asyncio.run(count())
+
+
+def _lock_within(seconds: float, postgres_url: str, relay: CuttableRelay) -> int:
+    deadline = time.monotonic() + seconds
+    while (held := _advisory_locks_of_the_server(postgres_url, relay)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return held
+
+
+def test_the_instance_lock_is_taken_again_soon_after_the_store_is_back(
+    server: ServerProcess, upstream: ScriptedUpstream, relay: CuttableRelay, postgres_url: str
+) -> None:
+    """A session's locks end with its connection: the cut takes the server's instance
+    lock with it, and until it is taken again another replica's recovery could count
+    this server as dead and fail its running responses. It is taken again within about
+    a second of the database being back, not at the next recovery period (30 s)."""
+    assert _lock_within(5, postgres_url, relay) == 1  # held (taken again after the tests before)
+    relay.cut()
+    try:
+        _unavailable(httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"},
+                                timeout=60))
+        time.sleep(1.5)  # the server tries again, and finds the database still out of reach
+    finally:
+        relay.restore()
+    # a bound, not a measurement: the recovery period is 30 s
+    assert _lock_within(5, postgres_url, relay) == 1
+    deadline = time.monotonic() + 5  # info lines are written in bulk, within half a second
+    while "The store's instance lock is taken again." not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = server.log()
+    assert "The store's instance lock is lost with the database" in log
+    assert "The store's instance lock is taken again." in log, "\n".join(l for l in log.splitlines() if l[:4] == "2026" and "ors.access" not in l)
 
 
 def test_no_request_in_the_outage_was_an_unhandled_error(server: ServerProcess) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.store import cancels
+from app.store import listener
 from app.store.sql import SqlResponseStore
 from compliance import check_response
 from tests.store.helpers import assistant_message, events_of, final, new_id, new_response
@@ -112,16 +112,16 @@ async def test_cancels_missed_while_the_listener_was_down_are_replayed(
         await generating.watch_cancels(noticed)
         begun = new_response(tenant, background=True)
         await generating.begin(begun)
-        listening = generating._notices._connection  # type: ignore[union-attr]
+        listening = generating._notices._listener.connection  # type: ignore[union-attr]
         assert listening is not None
-        monkeypatch.setattr(cancels.asyncpg, "connect", held_connect)
+        monkeypatch.setattr(listener.asyncpg, "connect", held_connect)
         listening.terminate()  # the connection drops (asyncpg tells its termination listeners)
         await asyncio.sleep(0)  # they run: reconnection starts, and is held
         await receiving.cancel(tenant, begun.id)  # committed while nobody listens
         assert noticed.seen == []
         reopen.set()
         await noticed.wait_for((tenant, begun.id))
-        assert generating._notices._connection is not None  # type: ignore[union-attr]
+        assert generating._notices._listener.connection is not None  # type: ignore[union-attr]
     finally:
         reopen.set()
         await receiving.close()

@@ -3,8 +3,12 @@ and its database, as a partition or a database restart breaks it."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+from collections.abc import Iterator
+
+from sqlalchemy.engine import make_url
 
 from tests.live import free_port
 
@@ -73,3 +77,16 @@ def _close(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+@contextlib.contextmanager
+def relayed_database(database_url: str) -> Iterator[tuple[CuttableRelay, str]]:
+    """A relay to the database of ``database_url``, open, and the URL that reaches the
+    database through it; cut at the end."""
+    url = make_url(database_url)
+    relay = CuttableRelay(url.port or 5432)
+    relay.restore()
+    try:
+        yield relay, url.set(port=relay.port).render_as_string(hide_password=False)
+    finally:
+        relay.cut()

@@ -15,10 +15,9 @@ import httpx
 import pytest
 
 from compliance import SSEParser, StreamChecker, check_response
-from sqlalchemy.engine import make_url
 
 from tests.live import ServerProcess
-from tests.tcp_relay import CuttableRelay
+from tests.tcp_relay import CuttableRelay, relayed_database
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
 
 JSON = {"Content-Type": "application/json"}
@@ -52,20 +51,17 @@ def replicas(postgres_url: str, upstream: ScriptedUpstream,
 
 
 @pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[CuttableRelay]:
-    relay = CuttableRelay(make_url(postgres_url).port or 5432)
-    relay.restore()
-    yield relay
-    relay.cut()
-
-
-@pytest.fixture(scope="module")
-def replicas_after_an_outage(postgres_url: str, relay: CuttableRelay, upstream: ScriptedUpstream,
+def replicas_after_an_outage(postgres_url: str, upstream: ScriptedUpstream,
                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    """Two replicas that reach the database through ``relay``, which was cut (every
+    """Two replicas that reach the database through a relay, which was cut (every
     connection of theirs closed, new ones refused) and restored once they ran; yielded
     once each says its event relay connection is back."""
-    url = make_url(postgres_url).set(port=relay.port).render_as_string(hide_password=False)
+    with relayed_database(postgres_url) as (relay, url):
+        yield from _after_an_outage(relay, url, upstream, tmp_path_factory)
+
+
+def _after_an_outage(relay: CuttableRelay, url: str, upstream: ScriptedUpstream,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
     for pair in _two_replicas(url, upstream, tmp_path_factory):
         relay.cut()
         time.sleep(1.0)  # they try to come back meanwhile, and are refused

@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 
 from compliance import SSEParser, StreamChecker, check_response, validate_error_body
 from tests.live import ServerProcess
-from tests.tcp_relay import CuttableRelay
+from tests.tcp_relay import CuttableRelay, relayed_database
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
 
 JSON = {"Content-Type": "application/json"}
@@ -38,17 +38,20 @@ def upstream() -> Iterator[ScriptedUpstream]:
 
 
 @pytest.fixture(scope="module")
-def relay(postgres_url: str) -> Iterator[CuttableRelay]:
-    relay = CuttableRelay(make_url(postgres_url).port or 5432)
-    relay.restore()
-    yield relay
-    relay.cut()
+def relayed(postgres_url: str) -> Iterator[tuple[CuttableRelay, str]]:
+    with relayed_database(postgres_url) as relayed:
+        yield relayed
 
 
 @pytest.fixture(scope="module")
-def server(postgres_url: str, relay: CuttableRelay, upstream: ScriptedUpstream,
+def relay(relayed: tuple[CuttableRelay, str]) -> CuttableRelay:
+    return relayed[0]
+
+
+@pytest.fixture(scope="module")
+def server(relayed: tuple[CuttableRelay, str], upstream: ScriptedUpstream,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    url = make_url(postgres_url).set(port=relay.port).render_as_string(hide_password=False)
+    relay, url = relayed
     env = {"ORS_DATABASE_URL": url, "ORS_UPSTREAM_URL": upstream.base_url, "ORS_DEFAULT_MODEL": "any-upstream-model"}
     server = ServerProcess(env, tmp_path_factory.mktemp("outage")).start()
     yield server

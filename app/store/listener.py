@@ -60,14 +60,17 @@ class Listener:
         self._name = name
         self._on_back = on_back
         self.connection: asyncpg.Connection | None = None
-        self._reconnecting: asyncio.Task[None] | None = None
+        self._connecting = False
+        """Lost, and not listening again yet."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Reconnections (each with its asking for what was missed), cancelled at close."""
         self._lost_at_ms: int | None = None
         """The time of the first loss whose missed notices are not yet asked for."""
         self._closed = False
 
     async def start(self) -> None:
         """Listen (once; a listener reconnecting already is left to it)."""
-        if self.connection is None and self._reconnecting is None:
+        if self.connection is None and not self._connecting:
             self.connection = await self._listen()
 
     async def _listen(self) -> asyncpg.Connection:
@@ -87,7 +90,7 @@ class Listener:
 
     def lost(self, error: BaseException | None) -> None:
         """The connection is gone (``error``: what said so): reconnect in the background."""
-        if self._closed or self._reconnecting is not None:
+        if self._closed or self._connecting:
             return
         log.warning("The %s connection was lost; reconnecting.", self._name, exc_info=error)
         connection, self.connection = self.connection, None
@@ -96,7 +99,10 @@ class Listener:
                 connection.terminate()
         if self._lost_at_ms is None:
             self._lost_at_ms = time.time_ns() // 1_000_000
-        self._reconnecting = asyncio.create_task(self._reconnect(), name=f"ors-{self._name}-listener")
+        self._connecting = True
+        task = asyncio.create_task(self._reconnect(), name=f"ors-{self._name}-listener")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _reconnect(self) -> None:
         attempt = 0
@@ -110,9 +116,9 @@ class Listener:
                 await asyncio.sleep(wait)
                 continue
             self.connection = connection
+            self._connecting = False
             log.info("The %s connection is back.", self._name)
             break
-        self._reconnecting = None
         await self._back()
 
     async def _back(self) -> None:
@@ -120,7 +126,7 @@ class Listener:
         stays out of reach only as long as the connection stays up, or a new loss hands
         it to the next reconnection."""
         attempt = 0
-        while (since := self._lost_at_ms) is not None and not self._closed and self._reconnecting is None:
+        while (since := self._lost_at_ms) is not None and not self._closed and not self._connecting:
             try:
                 if self._on_back is not None:
                     await self._on_back(since)
@@ -134,7 +140,7 @@ class Listener:
                 attempt += 1
                 await asyncio.sleep(wait)
                 continue
-            if self._reconnecting is None:  # not lost again meanwhile
+            if not self._connecting:  # not lost again meanwhile
                 self._lost_at_ms = None
 
     async def heartbeat(self) -> None:
@@ -150,8 +156,7 @@ class Listener:
 
     async def close(self) -> None:
         self._closed = True
-        task, self._reconnecting = self._reconnecting, None
-        if task is not None:
+        for task in list(self._tasks):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task

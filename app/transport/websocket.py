@@ -233,6 +233,9 @@ class Connection:
                 await self.history.load(previous) if isinstance(previous, str) and previous else History()
             )
             turn = await self.engine.prepare(data, tenant=self.tenant, history=_Fixed(past), error_events=False)
+            # its start recorded before any event: a store out of reach (or a chain
+            # deleted meanwhile) is an error envelope, as over HTTP it is a plain error
+            await turn.open()
         except ORSError as error:
             self._evict_referenced(data)
             await self._send(error.websocket_envelope())

@@ -14,6 +14,7 @@ not write, as its client was told it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +23,9 @@ import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
+from websockets.sync.client import connect
 
-from compliance import SSEParser, StreamChecker, check_response, validate_error_body
+from compliance import SSEParser, StreamChecker, check_response, check_stream, validate_error_body, validate_ws_error
 from tests.live import ServerProcess
 from tests.tcp_relay import CuttableRelay, relayed_database
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream
@@ -150,6 +152,27 @@ def test_a_stream_whose_end_cannot_be_recorded_fails_instead_of_completing(
     replayed = parser.feed(replay.content)
     parser.close()
     assert replayed == events  # the events it kept are the ones the client read
+
+
+def test_on_a_websocket_a_turn_the_store_cannot_start_is_an_error_and_the_socket_stays(
+    server: ServerProcess, upstream: ScriptedUpstream, relay: CuttableRelay
+) -> None:
+    """Over a WebSocket as over HTTP: a turn whose start cannot be recorded is the
+    store's error (an error envelope, before any event), and the connection goes on."""
+    with connect(server.url.replace("http://", "ws://") + "/v1/responses", open_timeout=10) as socket:
+        relay.cut()
+        try:
+            socket.send(json.dumps({"type": "response.create", "model": _answer(upstream), "input": "Hi"}))
+            envelope = json.loads(socket.recv(timeout=60))
+        finally:
+            relay.restore()
+        validate_ws_error(envelope)
+        assert envelope["status"] == 503 and envelope["error"]["code"] == "store_unavailable", envelope
+        socket.send(json.dumps({"type": "response.create", "model": _answer(upstream), "input": "Hi"}))
+        events: list[dict[str, Any]] = []
+        while not events or events[-1]["type"] not in ("response.completed", "response.failed", "error"):
+            events.append(json.loads(socket.recv(timeout=60)))
+        assert check_stream(events, expect_done=False, transport="websocket")["status"] == "completed"
 
 
 def _advisory_locks_of_the_server(postgres_url: str, relay: CuttableRelay) -> int:

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     """Where the store, the assembled model file and the generated secret key live."""
     database_url: str | None = None
     """SQLAlchemy URL of the store; SQLite under ``data_dir`` when unset."""
+    database_wait_seconds: float = Field(default=30.0, ge=0)
+    """At start, how long to keep trying a database that cannot be reached (it may start
+    after the server, as in a compose file or a pod), once a second; then the server
+    exits with the error. 0: do not wait."""
 
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     """Bearer keys, ``name:secret`` (the tenant is ``name``; several secrets may share it,

@@ -22,7 +22,7 @@ from app.engine.models import ModelRouter, Route
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.engine.engine import Engine
-from app.store.factory import open_store
+from app.store.factory import open_store, open_when_reachable
 from app.transport.metrics import install_metrics
 from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
@@ -163,7 +163,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
         engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
                                   positional_tenants=authenticator.positional_tenants())
-        await engine.store.open()
+        await open_when_reachable(engine.store, settings.database_wait_seconds)
         await limiter.start()
         # a cancel recorded by any replica stops the turn if it runs here
         await engine.store.watch_cancels(live.cancel)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
@@ -221,6 +223,42 @@ def test_the_instance_lock_is_taken_again_soon_after_the_store_is_back(
     log = server.log()
     assert "The store's instance lock is lost with the database" in log
     assert "The store's instance lock is taken again." in log, "\n".join(l for l in log.splitlines() if l[:4] == "2026" and "ors.access" not in l)
+
+
+def test_a_server_started_before_its_database_waits_for_it(
+    postgres_url: str, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """As in a compose file or a pod, where the database may come up after the server:
+    the server keeps trying (once a second, one warning) and serves once it is there."""
+    with relayed_database(postgres_url) as (relay, url):
+        relay.cut()  # the database is not there yet
+        env = {"ORS_DATABASE_URL": url, "ORS_UPSTREAM_URL": upstream.base_url,
+               "ORS_DEFAULT_MODEL": "any-upstream-model"}
+        threading.Timer(3.0, relay.restore).start()
+        server = ServerProcess(env, tmp_path).start()  # healthy only once the store is open
+        try:
+            stored = httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"},
+                                timeout=60)
+            assert check_response(stored.json())["status"] == "completed"
+            deadline = time.monotonic() + 5  # info lines are written in bulk, within half a second
+            while "The database is reachable" not in server.log() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            log = server.log()
+            assert log.count("The database cannot be reached") == 1, log
+            assert "The database is reachable: the store is open." in log
+        finally:
+            server.terminate()
+
+
+def test_a_server_whose_database_stays_out_of_reach_exits_saying_why(
+    postgres_url: str, upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    with relayed_database(postgres_url) as (relay, url):
+        relay.cut()
+        env = {"ORS_DATABASE_URL": url, "ORS_UPSTREAM_URL": upstream.base_url,
+               "ORS_DEFAULT_MODEL": "any-upstream-model", "ORS_DATABASE_WAIT_SECONDS": "2"}
+        with pytest.raises(RuntimeError, match="The database could not be reached for 2 s"):
+            ServerProcess(env, tmp_path).start()
 
 
 def test_no_request_in_the_outage_was_an_unhandled_error(server: ServerProcess) -> None:

@@ -75,6 +75,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
     restarting one that dies. The flags reach the workers as ``ORS_*`` variables, so a
     worker's settings are the parent's."""
     import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
     from uvicorn.supervisors import Multiprocess
 
     from app.main import upstream_routes, workers_problem
@@ -110,7 +111,13 @@ def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:
         **transport_options(settings),
     )
     with metrics_dir:
-        Multiprocess(config, sockets=[config.bind_socket()]).run()
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor.run()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        # uvicorn's supervisor stops when a worker cannot start (it would fail the same
+        # way again), and ends well; a supervisor of ours (systemd, a restart policy)
+        # must see the failure, as it does with one process
+        return STARTUP_FAILURE
     return 0
 
 

@@ -38,6 +38,16 @@ def test_workers_serve_upstream_models_only(tmp_path: Path, postgres_url: str) -
     assert result.returncode == 2 and "serves upstream models only" in result.stderr
 
 
+def test_workers_that_cannot_reach_the_database_end_the_server_with_a_failure(tmp_path: Path) -> None:
+    """uvicorn's supervisor stops when a worker cannot start, and used to end with 0: a
+    restart policy or systemd saw a clean exit. It is 3, as with one process."""
+    closed = free_port()  # nothing listens there
+    result = _refusal(tmp_path, ORS_DATABASE_URL=f"postgresql+asyncpg://postgres@127.0.0.1:{closed}/test",
+                      ORS_DATABASE_WAIT_SECONDS="0", ORS_UPSTREAM_URL="http://127.0.0.1:9/v1", ORS_DEFAULT_MODEL="m")
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "The database could not be reached" in result.stderr
+
+
 @pytest.fixture(scope="module")
 def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StubProcess]:
     with StubProcess(free_port(), tmp_path_factory.mktemp("stub") / "stub.log") as running:

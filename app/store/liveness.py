@@ -19,6 +19,8 @@ rows must never be touched.
   calls it within about a second of finding the database out of reach, and then every
   second until it succeeds); in between, other replicas may fail this instance's
   running responses (their ``finish`` then raises :class:`~app.store.base.StoreConflict`).
+  After an outage, which takes every replica's lock, a store whose heartbeat had to take
+  its own lock again does not judge the others in that pass (``SqlResponseStore.check``).
 
 An instance id must be unique per process start (e.g. a random UUID): a store refuses
 to open with an id whose lock is held.
@@ -60,8 +62,10 @@ class Liveness(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
-    async def heartbeat(self) -> None:
-        """Make sure this instance still shows as alive."""
+    async def heartbeat(self) -> bool:
+        """Make sure this instance still shows as alive; whether it had to declare itself
+        alive again (its lock had been lost)."""
+        return False
 
     @abc.abstractmethod
     def claim_if_dead(self, owner: str) -> AbstractAsyncContextManager[bool]:
@@ -128,14 +132,14 @@ class AdvisoryLockLiveness(Liveness):
             raise
         return connection
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self) -> bool:
         """Check the lock's connection; if it broke, connect and take the lock again
         (raises if the database cannot be reached: the caller tries again later)."""
         connection = self._connection
         if connection is not None:
             try:
                 await connection.execute(text("SELECT 1"))
-                return
+                return False
             except Exception:
                 log.warning("The store's lock connection broke; taking the instance lock again.", exc_info=True)
             self._connection = None
@@ -143,6 +147,7 @@ class AdvisoryLockLiveness(Liveness):
                 await connection.invalidate()
                 await connection.close()
         self._connection = await self._connect_and_lock()
+        return True
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None

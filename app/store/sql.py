@@ -198,9 +198,8 @@ class SqlResponseStore(ResponseStore):
                 await engine.dispose()
 
     async def _recover_periodically(self) -> None:
-        """Every ``recover_interval``: the lock and the notices checked (and taken again
-        if their connection broke), then recovery. Woken early by an outage, and then
-        every :data:`RECONNECT_SECONDS` until they are back."""
+        """Every ``recover_interval``, :meth:`check`. Woken early by an outage, and then
+        every :data:`RECONNECT_SECONDS` until the lock is held again."""
         out_of_reach = False
         while True:
             if out_of_reach:  # paced, however many requests find it out of reach meanwhile
@@ -211,14 +210,7 @@ class SqlResponseStore(ResponseStore):
                         await self._reconnect.wait()
             self._reconnect.clear()
             try:
-                async with self._recover_lock:
-                    if self._liveness is not None:
-                        await self._liveness.heartbeat()
-                if self._notices is not None:
-                    await self._notices.heartbeat()
-                if self._relay is not None:
-                    await self._relay.heartbeat()
-                await self.recover()
+                await self.check()
             except Exception as error:
                 if not unreachable(error) and not isinstance(error, StoreUnavailable):
                     log.exception("Periodic recovery of the response store failed; retrying later.")
@@ -231,6 +223,23 @@ class SqlResponseStore(ResponseStore):
             if out_of_reach:
                 log.info("The store's instance lock is taken again.")
             out_of_reach = False
+
+    async def check(self) -> None:
+        """One pass of the periodic task: the lock and the notices checked (and taken
+        again if their connection broke), then recovery, except in a pass that had to
+        take this instance's lock again. An outage takes every replica's lock with its
+        connection; until each has taken its own again, its lock would say it is dead.
+        So a replica back from an outage does not judge the others at once: they take
+        theirs back within about a second of finding the database out of reach, or at
+        their next pass (within ``recover_interval``), and this one recovers at its next."""
+        async with self._recover_lock:
+            relocked = await self._liveness.heartbeat() if self._liveness is not None else False
+        if self._notices is not None:
+            await self._notices.heartbeat()
+        if self._relay is not None:
+            await self._relay.heartbeat()
+        if not relocked:
+            await self.recover()
 
     # -- writes --------------------------------------------------------------------
 

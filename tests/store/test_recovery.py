@@ -140,6 +140,35 @@ async def test_lost_lock_connection_is_taken_again(postgres_database_url: str) -
         await watcher.close()
 
 
+async def test_a_replica_back_from_an_outage_does_not_count_the_others_dead_at_once(
+    postgres_database_url: str, tenant: str
+) -> None:
+    """An outage takes every replica's lock with its connection. The first replica to take
+    its own back must not find another's lock free and fail its running responses: it
+    recovers only at its next pass, by which time the other has its lock again."""
+    running_here = SqlResponseStore(postgres_database_url, "running-here", recover_interval=0)
+    other = SqlResponseStore(postgres_database_url, "other", recover_interval=0)
+    await running_here.open()
+    await other.open()
+    try:
+        running = new_response(tenant)
+        await running_here.begin(running)
+        holders = [await _lock_holder(other, store) for store in (running_here, other)]
+        async with other.engine.connect() as admin:  # the outage, as each lock's session sees it
+            for holder in holders:
+                await admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": holder})
+        await other.check()  # back first: its own lock again, and no judging in this pass
+        stored = await other.get(tenant, running.id)
+        assert stored is not None and stored.status == "in_progress"
+        await running_here.check()  # takes its lock back
+        await other.check()  # a pass as usual: the other is alive
+        stored = await other.get(tenant, running.id)
+        assert stored is not None and stored.status == "in_progress"
+    finally:
+        await running_here.close()
+        await other.close()
+
+
 def _key(store: SqlResponseStore) -> int:
     return instance_key(store.instance_id)
 

@@ -14,6 +14,7 @@
      ├── ServerError              500  server_error
      │    └── StoreUnavailable    503  server_error, code store_unavailable (Retry-After)
      └── ModelError               500  model_error   (the model or its upstream failed)
+          └── ModelUnavailable    503  model_error, code model_unavailable (Retry-After)
 
 Every layer raises these; the transports turn them into the HTTP error body, the SSE
 ``error`` event plus ``response.failed``, or the WebSocket error envelope, using the
@@ -134,3 +135,15 @@ class StoreUnavailable(ServerError):
 class ModelError(ORSError):
     status = 500
     type = "model_error"
+
+
+class ModelUnavailable(ModelError):
+    """An embedded model's server is not there for a while (it exited and is being
+    started again): 503, worth a retry after ``retry_after`` seconds."""
+
+    status = 503
+    default_code = "model_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.retry_after = retry_after

@@ -197,6 +197,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.drain = drain
     app.state.live = live
     app.state.engine = engine
+    app.state.backends = chosen
     app.state.authenticator = authenticator
     app.state.limiter = limiter
     install_error_handlers(app)

@@ -13,7 +13,8 @@ tests). Observations are made at a few points only, never per token:
 * the engine, when the replay gate or the schema admission refuses a request
   (``ors_gate_rejections_total`` by reason);
 * at scrape time, a collector asks each backend for its gauges (the embedded engine's
-  slots in use, slots, and requests waiting), so nothing is kept up to date in between.
+  slots in use, slots, requests waiting, whether its server runs and how often it was
+  started again after an exit), so nothing is kept up to date in between.
 
 **Worker processes** (``ors serve --workers N``) count together: the parent sets
 ``PROMETHEUS_MULTIPROC_DIR`` before any worker starts, prometheus-client then keeps every
@@ -44,7 +45,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 MODEL_LABELS = 100
@@ -79,21 +80,29 @@ class ModelGauges(Protocol):
     slots: int
     slots_busy: int
     waiting: int
+    up: bool
+    restarts: int
 
 
 class _Backends(Collector):
     def __init__(self, sources: Callable[[], Iterable[ModelGauges]]) -> None:
         self.sources = sources
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         slots = GaugeMetricFamily("ors_model_slots", "Generation slots of an embedded model.", labels=["model"])
         busy = GaugeMetricFamily("ors_model_slots_busy", "Slots generating now.", labels=["model"])
         waiting = GaugeMetricFamily("ors_model_queue_depth", "Requests waiting for a slot.", labels=["model"])
+        up = GaugeMetricFamily("ors_model_up", "1 while an embedded model's server runs, 0 while it starts "
+                               "again after an exit.", labels=["model"])
+        restarts = CounterMetricFamily("ors_model_restarts", "Times an embedded model's server exited on its "
+                                       "own and was started again.", labels=["model"])
         for gauges in self.sources():
             slots.add_metric([gauges.model], gauges.slots)
             busy.add_metric([gauges.model], gauges.slots_busy)
             waiting.add_metric([gauges.model], gauges.waiting)
-        yield from (slots, busy, waiting)
+            up.add_metric([gauges.model], 1 if gauges.up else 0)
+            restarts.add_metric([gauges.model], gauges.restarts)
+        yield from (slots, busy, waiting, up, restarts)
 
 
 def _multiprocess() -> bool:

@@ -201,6 +201,10 @@ class ModelGauges:
     slots: int
     slots_busy: int
     waiting: int
+    up: bool = True
+    """Its server runs and answers (not while it starts again after an exit)."""
+    restarts: int = 0
+    """Times its server exited on its own and was started again."""
 
 
 class Backend(abc.ABC):

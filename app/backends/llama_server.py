@@ -39,15 +39,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import enum
 import json
 import logging
+import math
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +59,7 @@ from typing import Any
 import aiohttp
 
 from app.backends.chat_stream import sse_events
-from app.errors import InvalidRequest, ModelError
+from app.errors import InvalidRequest, ModelError, ModelUnavailable
 
 log = logging.getLogger("ors.llama_server")
 
@@ -67,6 +71,15 @@ stream waits for one whole chunk: 128 cuts that wait to a quarter of 512's."""
 
 STARTUP_SECONDS = 300.0
 """How long a model may take to load (the first load of a large file is disk-bound)."""
+_START_MARK = "--- ors starts llama-server"
+"""The line written to a model's log before each process's own output."""
+RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
+"""Seconds before each try to start an exited llama-server again, after the first (which
+is at once): one step further for each failure in a row, the last one repeated."""
+STABLE_SECONDS = 60.0
+"""A restarted llama-server that exits sooner after its start counts as a failure in a
+row: a server that keeps crashing (a request it cannot survive, sent again and again) does
+not restart without pause."""
 
 
 def find_binary(configured: str | None = None) -> Path:
@@ -127,16 +140,68 @@ class ServerOptions:
         ]
 
 
-class LlamaServer:
-    """One running llama-server. Start with :meth:`start`, stop with :meth:`stop`."""
+class ServerState(enum.Enum):
+    """Where a :class:`LlamaServer` is in its life."""
 
-    def __init__(self, binary: Path, options: ServerOptions, log_path: Path) -> None:
+    STOPPED = "stopped"
+    """Not started yet, or stopped by :meth:`LlamaServer.stop`."""
+    STARTING = "starting"
+    """The first start: the model is loading."""
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    """The process exited on its own; a new one is being started (after a pause)."""
+
+
+class LlamaServer:
+    """One model's llama-server, supervised. Start with :meth:`start`, stop with
+    :meth:`stop`.
+
+    Supervision, the contract:
+
+    * The process is watched through a pidfd on the event loop (an event, not a poll):
+      when it exits on its own (a crash, the kernel's out-of-memory killer, a signal from
+      outside) its exit status and the last lines of its log are logged as an error, and
+      a new one is started on a new port, with the same options. Its slots' saved state
+      is restored again (``on_restart``).
+    * Pauses before a restart: none after the first process, or one that ran
+      :data:`STABLE_SECONDS` or more; else :data:`RESTART_PAUSES`, one step further for
+      each failure in a row (a restarted process that exited that soon, or a start that
+      failed): a crash once in a while costs a model load, a server that cannot start or
+      keeps crashing does not spin.
+    * Streams running when the process exits fail (their connection breaks: a
+      ``ModelError``); nothing generated is lost that the client had not been sent.
+    * A request that arrives while the model restarts after a single exit waits for that
+      restart (:meth:`ready`) and then runs; a request whose connection broke before any
+      answer is sent again once (:meth:`complete`). After a failure in a row, requests do
+      not wait: they are ``503 model_unavailable`` with the last failure and a
+      ``Retry-After`` of the pause left, until a start succeeds.
+    * :meth:`stop` ends all of it: a restart in progress is cancelled and its waiters fail.
+    """
+
+    def __init__(self, binary: Path, options: ServerOptions, log_path: Path,
+                 on_restart: Callable[[], Awaitable[object]] | None = None) -> None:
         self.binary = binary
         self.options = options
         self.log_path = log_path
+        self.on_restart = on_restart
+        """Run after each restart (not the first start), before waiting requests go on."""
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
+        self.state = ServerState.STOPPED
+        self.restarts = 0
+        """Restarts that succeeded."""
         self._client: aiohttp.ClientSession | None = None
+        self._started_at = 0.0
+        self._restarting: asyncio.Task[None] | None = None
+        self._next_start: asyncio.Future[None] | None = None
+        """The outcome of the restart under way, which requests wait for."""
+        self._failure: ModelError | None = None
+        """Why the last start failed, while restarts keep failing."""
+        self._resume_at = 0.0
+        """When the next start begins (the loop's clock), while restarts keep failing."""
+        self._watch_fd: int | None = None
+        self._quick_exits = 0
+        """Exits in a row of restarted processes that ran less than :data:`STABLE_SECONDS`."""
 
     @property
     def base_url(self) -> str:
@@ -149,7 +214,18 @@ class LlamaServer:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Spawn the process and wait until its model is loaded (``/health`` is 200)."""
+        """Spawn the process and wait until its model is loaded (``/health`` is 200); from
+        then on it is supervised (see the class)."""
+        self.state = ServerState.STARTING
+        try:
+            await self._spawn()
+        except BaseException:
+            self.state = ServerState.STOPPED
+            raise
+        self.state = ServerState.RUNNING
+
+    async def _spawn(self) -> None:
+        """One process, loaded and watched; killed again if it could not load."""
         self.options.slot_dir.mkdir(parents=True, exist_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
@@ -160,11 +236,15 @@ class LlamaServer:
         # server decode three times slower here (32 against 92 tokens/s on SmolLM2).
         env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
         with self.log_path.open("ab") as output:
-            self.process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+            output.write(f"{_START_MARK} on port {self.port}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            output.flush()
+            process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
                 arguments, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,
             )
-        self._client = aiohttp.ClientSession(
+        self.process = process
+        self._started_at = time.monotonic()
+        client = self._client = aiohttp.ClientSession(
             base_url=self.base_url,
             # a new loopback connection per request (about 0.1 ms, against seconds of
             # generation): aiohttp, unlike httpx, does not notice that llama-server closed
@@ -172,27 +252,143 @@ class LlamaServer:
             connector=aiohttp.TCPConnector(limit=0, force_close=True),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
         )
-        deadline = asyncio.get_running_loop().time() + STARTUP_SECONDS
+        try:
+            deadline = asyncio.get_running_loop().time() + STARTUP_SECONDS
+            while True:
+                if process.poll() is not None:
+                    raise ModelError(f"llama-server exited while loading the model ({_exit_status(process)}):\n"
+                                     f"{self._log_tail()}", code="model_unavailable")
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with client.get("/health", timeout=aiohttp.ClientTimeout(total=2.0)) as health:
+                        if health.status == 200:
+                            break
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ModelError(f"llama-server did not load the model in {STARTUP_SECONDS:.0f} s",
+                                     code="model_unavailable")
+                await asyncio.sleep(0.05)
+        except BaseException:
+            await self._end_process()
+            raise
+        self._watch(process)
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        """Call :meth:`_exited` once ``process`` exits: its pidfd becomes readable."""
+        try:
+            fd = os.pidfd_open(process.pid)
+        except (AttributeError, OSError):  # no pidfd (not Linux 5.3+): a thread waits instead
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=lambda: (process.wait(), loop.call_soon_threadsafe(self._exited, process)),
+                             name="llama-server-watch", daemon=True).start()
+            return
+        self._watch_fd = fd
+        asyncio.get_running_loop().add_reader(fd, self._exited, process)
+
+    def _unwatch(self) -> None:
+        fd, self._watch_fd = self._watch_fd, None
+        if fd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _exited(self, process: subprocess.Popen[bytes]) -> None:
+        """``process`` exited. Unless it was stopped (or a restart is under way, which
+        finds out by itself), start it again. Idempotent: :meth:`ready` calls it too when
+        it finds the process gone before its pidfd was read."""
+        if process is not self.process:
+            return
+        self._unwatch()
+        if self.state is not ServerState.RUNNING:
+            return
+        process.poll()
+        ran = time.monotonic() - self._started_at
+        self._quick_exits = self._quick_exits + 1 if self.restarts and ran < STABLE_SECONDS else 0
+        status = _exit_status(process)
+        log.error("llama-server for %s exited (%s) after %.0f s; starting it again. Its last lines:\n%s",
+                  self.options.model_path.name, status, ran, self._log_tail())
+        self.state = ServerState.RESTARTING
+        self._failure = None if not self._quick_exits else ModelError(
+            f"llama-server exited ({status}) {ran:.0f} s after it was started again "
+            f"({self._quick_exits} such exit(s) in a row)",
+            code="model_unavailable")
+        self._next_start = asyncio.get_running_loop().create_future()
+        self._restarting = asyncio.create_task(self._restart(self._quick_exits), name="llama-server-restart")
+
+    async def _restart(self, failures: int) -> None:
+        """Start again until a start succeeds, after ``failures`` (exits or starts that
+        failed in a row) pauses' worth of waiting (see the class)."""
+        loop = asyncio.get_running_loop()
         while True:
-            if not self.running:
-                raise ModelError(f"llama-server exited while loading the model:\n{self._log_tail()}",
-                                 code="model_unavailable")
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-                async with self._client.get("/health", timeout=aiohttp.ClientTimeout(total=2.0)) as health:
-                    if health.status == 200:
-                        return
-            if asyncio.get_running_loop().time() > deadline:
-                await self.stop()
-                raise ModelError(f"llama-server did not load the model in {STARTUP_SECONDS:.0f} s",
-                                 code="model_unavailable")
-            await asyncio.sleep(0.05)
+            if failures:
+                pause = RESTART_PAUSES[min(failures, len(RESTART_PAUSES)) - 1]
+                self._resume_at = loop.time() + pause
+                await asyncio.sleep(pause)
+            await self._close_client()
+            try:
+                await self._spawn()
+                if self.on_restart is not None:
+                    await self.on_restart()
+            except ModelError as exc:
+                failures += 1
+                self._failure = exc
+                pause = RESTART_PAUSES[min(failures, len(RESTART_PAUSES)) - 1]
+                log.error("llama-server for %s could not start again (%d in a row); next try in %.0f s: %s",
+                          self.options.model_path.name, failures, pause, exc.message)
+                if self._next_start is not None and not self._next_start.done():
+                    self._next_start.set_exception(ModelUnavailable(
+                        f"The embedded model's server could not start again: {exc.message}",
+                        retry_after=math.ceil(pause)))
+                    self._next_start.exception()  # retrieved: nobody may be waiting
+                self._next_start = loop.create_future()
+                continue
+            self._restarting = None
+            self.state = ServerState.RUNNING
+            self.restarts += 1
+            self._failure = None
+            log.warning("llama-server for %s is running again (restart %d).", self.options.model_path.name,
+                        self.restarts)
+            done, self._next_start = self._next_start, None
+            if done is not None and not done.done():
+                done.set_result(None)
+            if self.process is not None and self.process.poll() is not None:
+                self._exited(self.process)  # it died again meanwhile, unwatched
+            return
+
+    async def ready(self) -> aiohttp.ClientSession:
+        """The client of the running process: at once while it runs, after the restart
+        under way if the process exited once, else ``ModelUnavailable`` (see the class)."""
+        process = self.process
+        if self.state is ServerState.RUNNING and process is not None and process.poll() is not None:
+            self._exited(process)  # gone before its pidfd was read
+        if self.state is ServerState.RUNNING and self._client is not None:
+            return self._client
+        if self.state is ServerState.RESTARTING and self._next_start is not None:
+            if self._failure is not None:
+                wait = max(1, math.ceil(self._resume_at - asyncio.get_running_loop().time()))
+                raise ModelUnavailable(
+                    f"The embedded model's server is being started again, after a failure: {self._failure.message}",
+                    retry_after=wait)
+            await asyncio.shield(self._next_start)
+            return await self.ready()
+        raise ModelUnavailable(f"llama-server is not running:\n{self._log_tail()}")
 
     async def stop(self) -> None:
-        """Stop the process (SIGTERM, then SIGKILL after 5 s) and close the client. The
-        process is killed even if this task is cancelled while it waits."""
-        if self._client is not None:
-            await self._client.close()
-            self._client = None
+        """Stop supervising, then the process (SIGTERM, then SIGKILL after 5 s), and close
+        the client. The process is killed even if this task is cancelled while it waits."""
+        self.state = ServerState.STOPPED
+        restarting, self._restarting = self._restarting, None
+        if restarting is not None:
+            restarting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ModelError):
+                await restarting
+        waiting, self._next_start = self._next_start, None
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(ModelUnavailable("The embedded model's server is stopping."))
+            waiting.exception()
+        await self._end_process()
+
+    async def _end_process(self) -> None:
+        self._unwatch()
+        await self._close_client()
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
@@ -206,6 +402,11 @@ class LlamaServer:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     # ------------------------------------------------------------ slots
 
@@ -251,10 +452,10 @@ class LlamaServer:
         """Stream ``POST /completion``; see the module docstring.
 
         One retry, invisible to the caller: when the connection breaks before a single
-        chunk arrived (a server that closed it under the request); nothing was generated, so
-        nothing is repeated."""
-        client = self._require_client()
+        chunk arrived (a server that closed it under the request, or one that exited and is
+        started again, see :meth:`ready`); nothing was generated, so nothing is repeated."""
         for attempt in (1, 2):
+            client = await self.ready()
             received = False
             try:
                 async with client.post("/completion", json={**body, "stream": True}) as reply:
@@ -272,7 +473,7 @@ class LlamaServer:
                             if chunk.get("stop"):
                                 return
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as exc:
-                if attempt == 1 and not received and self.running:
+                if attempt == 1 and not received:
                     log.debug("retrying a request whose connection broke before any answer: %r", exc)
                     continue
                 raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
@@ -286,10 +487,13 @@ class LlamaServer:
         return self._client
 
     def _log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines the current (or last) process wrote to its log."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            text = self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+        own = text.rsplit(_START_MARK, 1)[-1].split("\n", 1)[-1] if _START_MARK in text else text
+        return "\n".join(own.splitlines()[-lines:])
 
 
 def _error(status: int, text: str) -> Exception:
@@ -300,6 +504,18 @@ def _error(status: int, text: str) -> Exception:
     if status == 400:
         return InvalidRequest(f"The embedded model refused the request: {message}")
     return ModelError(f"The embedded model's server answered {status}: {message}", code="model_error")
+
+
+def _exit_status(process: subprocess.Popen[bytes]) -> str:
+    """How ``process`` ended, in words: ``exit code 1``, ``killed by SIGKILL``."""
+    code = process.returncode
+    if code is None:
+        return "still running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def _die_with_parent() -> None:

@@ -33,6 +33,9 @@ Requests, the contract in full:
   stops that generation at its next token and the slot is released at once.
 * At ``aclose()`` every slot's KV state is saved under ``ORS_DATA_DIR/kv/<model>/`` and at
   the next start restored, so a prefix cached before a restart is still cached after it.
+* A llama-server that exits on its own is started again by its supervisor
+  (:class:`~app.backends.llama_server.LlamaServer`): the streams it ran fail, requests
+  that arrive meanwhile wait for it, and the saved slots are restored again.
 
 Tools: every tool of the request is rendered into the prompt whatever the tool policy
 (``prompting``); the default output parser turns the model's written calls into
@@ -71,7 +74,7 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import DEFAULT_CHUNK, LlamaServer, ServerOptions, find_binary
+from app.backends.llama_server import DEFAULT_CHUNK, LlamaServer, ServerOptions, ServerState, find_binary
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
@@ -242,7 +245,8 @@ class LocalBackend(Backend):
 
     def gauges(self) -> list[ModelGauges]:
         return [
-            ModelGauges(model, entry.model.slots.size, entry.model.slots.busy, entry.model.slots.waiting)
+            ModelGauges(model, entry.model.slots.size, entry.model.slots.busy, entry.model.slots.waiting,
+                        up=entry.model.server.state is ServerState.RUNNING, restarts=entry.model.server.restarts)
             for model, entry in self._entries.items()
             if entry.model is not None
         ]
@@ -431,6 +435,7 @@ class LocalBackend(Backend):
             raise
         model = LocalModel(spec, vocabulary, server, SlotPool(self._parallel, self._queue))
         await model.restore()
+        server.on_restart = model.restore  # a server started again after an exit gets them back too
         return model
 
 

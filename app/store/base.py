@@ -212,6 +212,10 @@ class ResponseStore(abc.ABC):
     async def delete(self, tenant: str, response_id: str) -> bool:
         """Delete; ``False`` if there was nothing (visible) to delete."""
 
+    async def ping(self) -> None:
+        """Return once the store answers a query now; raise
+        :class:`~app.errors.StoreUnavailable` if it cannot be reached (readiness)."""
+
     @abc.abstractmethod
     async def recover(self) -> int:
         """Mark responses left ``queued``/``in_progress`` by a dead process ``failed``;

@@ -442,6 +442,9 @@ class SqlResponseStore(ResponseStore):
                 raise _unavailable(error) from error
             raise
 
+    async def ping(self) -> None:
+        await self._read(lambda connection: connection.execute(select(1)).scalar_one(), single=True)
+
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
         params = {"b_tenant": tenant, "b_id": response_id}
         row = await self._read(lambda connection: connection.execute(statements.GET_RESPONSE, params).first(),

@@ -392,10 +392,30 @@ def test_unknown_route_uses_the_error_shape(client: Client) -> None:
 
 def test_healthz_and_models(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{server.url}/readyz", timeout=30)
+    assert ready.status_code == 200
+    assert ready.json()["status"] == "ready" and ready.json()["store"] == "ok"
+    assert set(ready.json().get("models", {}).values()) <= {"ok"}  # the embedded models started so far
     models = httpx.get(f"{server.url}/v1/models").json()
     assert models["object"] == "list"
     ids = {model["id"] for model in models["data"]}
     assert SMOL in ids and "scripted-text" in ids
+
+
+def test_readiness_needs_no_key_and_turns_503_when_the_server_stops(tmp_path) -> None:
+    from app.config import Settings
+    from app.main import create_app
+    from tests.conftest import scripted_backend
+    from tests.live import live_server
+
+    app = create_app(Settings(data_dir=tmp_path, api_keys=["alice:k-alice"], default_model="scripted-text"),
+                     backends=[scripted_backend()])
+    with live_server(app) as server:
+        ready = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert ready.status_code == 200 and ready.json() == {"status": "ready", "server": "ok", "store": "ok"}
+        app.state.drain.begin()  # what SIGTERM does first: open streams are asked to finish
+        stopping = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert stopping.status_code == 503 and stopping.json() == {"status": "not_ready", "server": "stopping"}
 
 
 def test_server_answers_while_a_model_generates(client: Client, server: LiveServer) -> None:

@@ -107,8 +107,13 @@ def test_while_the_store_is_cut_off_what_needs_it_is_a_503_and_the_rest_is_serve
         unstored = httpx.post(f"{server.url}/v1/responses",
                               json={"model": _answer(upstream, "not kept"), "input": "Hi", "store": False}, timeout=60)
         assert check_response(unstored.json())["status"] == "completed"
+        # readiness says so, and stays 200: every replica shares the database
+        ready = httpx.get(f"{server.url}/readyz", timeout=60)
+        assert ready.status_code == 200 and ready.json() == {"status": "degraded", "server": "ok",
+                                                            "store": "unreachable"}
     finally:
         relay.restore()
+    assert httpx.get(f"{server.url}/readyz", timeout=60).json() == {"status": "ready", "server": "ok", "store": "ok"}
     # back: the pool's broken connections are replaced, without a restart
     again = httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"}, timeout=60)
     assert check_response(again.json())["status"] == "completed"

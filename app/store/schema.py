@@ -3,7 +3,9 @@
 * ``responses``: one row per response, never removed (a deleted response stays as a
   hidden tombstone, so ``previous_response_id`` always points at a row). ``owner`` is
   the instance that runs it; ``finished_at`` is set when its status becomes terminal;
-  ``deleted_at`` hides it from every read.
+  ``deleted_at`` hides it from every read, and its content goes with the delete: its
+  ``resource`` becomes ``{"id","object","deleted"}``, its ``instructions`` NULL, and its
+  ``tools`` ``[]`` once no visible response's chain needs them.
 * ``items``: a response's own items, ``role`` ``input`` then ``output``, each numbered
   from 0 by ``position``. Written once (inputs by ``begin``, outputs by ``finish``),
   removed when no visible response needs them any more.

@@ -167,7 +167,7 @@ def write_delete(tenant: str, response_id: str, connection: Connection, *, lock_
     marked = connection.execute(
         update(responses)
         .where(visible_where(tenant, response_id))
-        .values(deleted_at=now, updated_at=now)
+        .values(deleted_at=now, updated_at=now, instructions=None, resource=tombstone(response_id))
     )
     if marked.rowcount == 0:
         return False
@@ -177,7 +177,16 @@ def write_delete(tenant: str, response_id: str, connection: Connection, *, lock_
         batch = unneeded[start : start + PURGE_BATCH]
         connection.execute(delete(items).where(items.c.response_id.in_(batch)))
         connection.execute(delete(event_rows).where(event_rows.c.response_id.in_(batch)))
+        connection.execute(update(responses).where(responses.c.id.in_(batch)).values(tools=[]))
     return True
+
+
+def tombstone(response_id: str) -> JSON:
+    """What a deleted response's row keeps of its JSON: its id, no content. The row
+    itself stays (``previous_response_id`` always points at a row); of what the client
+    sent and the model wrote, only what a visible response's chain still needs stays
+    (items, and the offered tools of each link), until no visible response needs it."""
+    return {"id": response_id, "object": "response", "deleted": True}
 
 
 _STORED_COLUMNS = (

@@ -4,6 +4,7 @@ truncation and tenancy."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -127,11 +128,35 @@ def test_a_plain_json_answer_keeps_no_events_to_replay(stateful: Stateful) -> No
     assert client.create(model="scripted-text", input="y", previous_response_id=created["id"])["status"] == "completed"
 
 
+def stored_row(stateful: Stateful, response_id: str) -> dict[str, object]:
+    """The response's row as the database holds it, read on a connection of its own."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    url = stateful.server.server.config.app.state.engine.store.url
+
+    async def read() -> dict[str, object]:
+        engine = create_async_engine(url)
+        try:
+            async with engine.connect() as connection:
+                row = (await connection.execute(text("SELECT * FROM responses WHERE id = :id"),
+                                                {"id": response_id})).one()
+                return dict(row._mapping)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
+
+
 def test_delete_then_cannot_fetch_or_continue(stateful: Stateful) -> None:
     client = stateful.alice
-    response = client.create(model="scripted-text", input="x")
+    response = client.create(model="scripted-text", input="x", instructions="Keep this secret: OSPREY.")
+    assert "OSPREY" in str(stored_row(stateful, response["id"]))
     deleted = client.http.delete(f"/v1/responses/{response['id']}")
     assert deleted.json() == {"id": response["id"], "object": "response.deleted", "deleted": True}
+    # the row stays, hidden, without the content: deleted means deleted
+    row = stored_row(stateful, response["id"])
+    assert "OSPREY" not in str(row) and "Hello" not in str(row) and row["deleted_at"] is not None
     assert client.http.get(f"/v1/responses/{response['id']}").status_code == 404
     assert client.http.delete(f"/v1/responses/{response['id']}").status_code == 404
     error = client.error({"model": "scripted-text", "input": "y", "previous_response_id": response["id"]}, 400)

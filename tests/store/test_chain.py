@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
+from sqlalchemy import text
 
 from app.errors import PreviousResponseNotFound
 from app.store.base import NewResponse
@@ -20,9 +24,12 @@ from tests.store.helpers import (
 pytestmark = pytest.mark.anyio
 
 
-async def turn(store: SqlResponseStore, tenant: str, previous: str | None, label: str) -> NewResponse:
+async def turn(store: SqlResponseStore, tenant: str, previous: str | None, label: str,
+               instructions: str | None = None) -> NewResponse:
     begun = new_response(tenant, previous=previous, tools=[function_tool(f"tool_{label}")],
                          inputs=[user_message(f"{label} question 1"), user_message(f"{label} question 2")])
+    if instructions is not None:
+        begun = dataclasses.replace(begun, instructions=instructions)
     await store.begin(begun)
     output = [assistant_message(f"{label} answer")]
     await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
@@ -107,3 +114,34 @@ async def test_items_go_with_the_last_response_that_needs_them(store: SqlRespons
     assert await row_count(store, "items") == 0
     assert await row_count(store, "events") == 0
     assert await row_count(store, "responses") == 4  # hidden tombstones
+
+
+async def raw_row(store: SqlResponseStore, response_id: str) -> Any:
+    """The stored text of a response's row, read past the store's API."""
+    async with store.engine.connect() as connection:
+        return (await connection.execute(text("SELECT resource, instructions, tools FROM responses WHERE id = :id"),
+                                         {"id": response_id})).one()
+
+
+async def test_a_deleted_response_keeps_no_content_beyond_what_a_visible_chain_needs(
+    store: SqlResponseStore, tenant: str
+) -> None:
+    one = await turn(store, tenant, None, "one", instructions="one's own instructions")
+    two = await turn(store, tenant, one.id, "two")
+    assert "one answer" in (await raw_row(store, one.id)).resource
+    assert await store.delete(tenant, one.id)
+
+    row = await raw_row(store, one.id)
+    assert row.resource == f'{{"id":"{one.id}","object":"response","deleted":true}}'
+    assert row.instructions is None
+    # two's context still has one's items, and the gate still knows the tools one offered
+    assert "tool_one" in row.tools and await row_count(store, "items", one.id) == 3
+    links = await store.chain(tenant, two.id)
+    assert links is not None and links[0].tools == one.tools
+
+    assert await store.delete(tenant, two.id)  # now nothing needs either
+    for response_id in (one.id, two.id):
+        row = await raw_row(store, response_id)
+        assert row.resource == f'{{"id":"{response_id}","object":"response","deleted":true}}'
+        assert row.tools == "[]" and row.instructions is None
+    assert await row_count(store, "items") == 0 and await row_count(store, "events") == 0

@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     after the server, as in a compose file or a pod), once a second; then the server
     exits with the error. 0: do not wait."""
 
+    response_retention_days: float | None = Field(default=None, gt=0)
+    """Stored responses are deleted, as ``DELETE`` deletes them, once this many days have
+    passed since they were created (finished ones; a conversation's older turns stay in
+    the context of its visible later ones). Fractions are allowed. Unset: kept until
+    deleted."""
+
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
     """Bearer keys, ``name:secret`` (the tenant is ``name``; several secrets may share it,
     which is how a key is rotated) or a bare secret (the tenant is a keyed digest of it);

@@ -23,6 +23,7 @@ from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.engine.engine import Engine
 from app.store.factory import open_store, open_when_reachable
+from app.store.retention import Retention
 from app.transport.metrics import install_metrics
 from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
@@ -172,6 +173,10 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))
+        retention = (Retention(engine.store, settings.response_retention_days)
+                     if settings.response_retention_days is not None else None)
+        if retention is not None:
+            retention.start()
         app.state.ready = True
         if (on_serving := getattr(app.state, "on_serving", None)) is not None:
             on_serving()
@@ -184,6 +189,8 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
             await limiter.aclose()
             for backend in reversed(chosen):
                 await backend.aclose()
+            if retention is not None:
+                await retention.close()
             await engine.store.close()
 
     app = FastAPI(

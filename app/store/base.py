@@ -212,6 +212,13 @@ class ResponseStore(abc.ABC):
     async def delete(self, tenant: str, response_id: str) -> bool:
         """Delete; ``False`` if there was nothing (visible) to delete."""
 
+    @abc.abstractmethod
+    async def expire(self, created_before: int, limit: int) -> tuple[int, int]:
+        """Delete, as :meth:`delete` does, up to ``limit`` finished responses created
+        before ``created_before`` (Unix seconds), oldest first, whatever their tenant:
+        ``(found, deleted)`` (one deleted meanwhile is found, not deleted). See
+        :mod:`app.store.retention`."""
+
     async def ping(self) -> None:
         """Return once the store answers a query now; raise
         :class:`~app.errors.StoreUnavailable` if it cannot be reached (readiness)."""

@@ -12,8 +12,9 @@ items are still needed; so a continuation can never commit on top of items a
 concurrent delete removes, and deletes in one chain are serialized. On SQLite writers
 are serialized by the database.
 
-Deletion. A deleted response stays as a hidden row (tombstone); its events are removed
-at once (nothing can read them any more). Its items are removed as soon as no visible
+Deletion. A deleted response stays as a hidden row (tombstone) without its content:
+its JSON, instructions and events are removed at once (nothing can read them any more),
+its offered tools with its items. Its items are removed as soon as no visible
 response descending from it needs them: deleting a response walks up through its
 deleted ancestors and removes the items of every one that has no visible descendant
 left. So deleting the last turn of a conversation frees its items at once; deleting a
@@ -45,7 +46,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -384,6 +385,14 @@ class SqlResponseStore(ResponseStore):
     async def delete(self, tenant: str, response_id: str) -> bool:
         return await self._write(functools.partial(statements.write_delete, tenant, response_id, lock_root=not self.is_sqlite))
 
+    async def expire(self, created_before: int, limit: int) -> tuple[int, int]:
+        # found by a reader (a scan that holds no write lock), deleted by one write
+        rows = await self._read(functools.partial(statements.expired, created_before, limit))
+        if not rows:
+            return 0, 0
+        deleted = await self._write(functools.partial(statements.delete_many, rows, lock_root=not self.is_sqlite))
+        return len(rows), deleted
+
     async def recover(self) -> int:
         async with self._recover_lock:
             liveness = self._liveness
@@ -452,10 +461,11 @@ class SqlResponseStore(ResponseStore):
         return None if row is None else statements.stored_response(row)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
-        """One statement whatever the depth (:func:`app.store.statements.chain_query`):
-        the links, up ``previous_response_id``, and all their items, in one snapshot; on
+        """One statement whatever the depth (:data:`app.store.statements.CHAIN`): the
+        links, up ``previous_response_id``, and all their items, in one snapshot; on
         PostgreSQL one round trip."""
-        rows = await self._read(functools.partial(_all, statements.chain_query(tenant, response_id)), single=True)
+        params = {"b_tenant": tenant, "b_id": response_id}
+        rows = await self._read(lambda connection: connection.execute(statements.CHAIN, params).all(), single=True)
         links = sorted((row for row in rows if row.depth is not None), key=lambda row: row.depth, reverse=True)
         if not links:
             return None
@@ -505,10 +515,6 @@ class SqlResponseStore(ResponseStore):
         params = {"b_tenant": tenant, "b_id": response_id}
         body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params), single=True)
         return None if body is None else await unpack_events(body)
-
-
-def _all(query: Any, connection: Connection) -> Sequence[Row[Any]]:
-    return connection.execute(query).all()
 
 
 def _unavailable(error: Exception) -> StoreUnavailable:

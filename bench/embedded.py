@@ -181,7 +181,7 @@ async def _raw(figures: Figures, vocabulary: Vocabulary, server: LlamaServer, in
                stall_prompt: str) -> None:
     """The prefix and stall figures on raw llama.cpp (already started); stops it."""
     try:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=None) as client:
+        async with httpx.AsyncClient(base_url=server.base_url, headers=server.headers, timeout=None) as client:
             def prompt(*messages: ChatMessage) -> list[int]:
                 return vocabulary.prompt_tokens(messages, ())
 
@@ -301,7 +301,7 @@ async def _decode(figures: Figures, vocabulary: Vocabulary, raw: LlamaServer, or
         spreads[side].append(max(s.first for s in many) - min(s.first for s in many))
         reuse[side].append(sum(s.cached for s in many) / max(sum(s.prompt for s in many), 1))
     ors_cpu_per_token: list[float] = []
-    async with httpx.AsyncClient(base_url=raw.base_url, timeout=None) as raw_client, \
+    async with httpx.AsyncClient(base_url=raw.base_url, headers=raw.headers, timeout=None) as raw_client, \
             httpx.AsyncClient(base_url=ors.url, timeout=None) as ors_client:
         await _raw_stream(raw_client, tokens("Hi"), 4, sampling)  # warm-ups
         await _ors_stream(ors_client, {"model": model, "input": "Hi", "max_output_tokens": 16})

@@ -19,6 +19,11 @@ what llama.cpp already does best, so this server does not do it again in Python:
   ``slot_dir`` (at shutdown); :meth:`LlamaServer.restore_slots` loads them back at the next
   start, so a restarted server answers a known prefix from cache.
 
+* **Supervision** (:class:`LlamaServer`): an exit nobody asked for is logged and the
+  process started again; its output is copied to its log file, its warnings and errors
+  to this server's log (:func:`_forward_output`); it answers only requests that carry the
+  key it was started with.
+
 This module knows the process and the wire format (``POST /completion``, streamed); the
 backend (``local.py``) decides what to ask.
 
@@ -43,7 +48,9 @@ import enum
 import json
 import logging
 import math
+import re
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -54,7 +61,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
@@ -73,6 +80,8 @@ STARTUP_SECONDS = 300.0
 """How long a model may take to load (the first load of a large file is disk-bound)."""
 _START_MARK = "--- ors starts llama-server"
 """The line written to a model's log before each process's own output."""
+OUTPUT_DRAIN_SECONDS = 2.0
+"""How long an exit waits for the rest of the process's output before it says why."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before each try to start an exited llama-server again, after the first (which
 is at once): one step further for each failure in a row, the last one repeated."""
@@ -200,12 +209,23 @@ class LlamaServer:
         self._resume_at = 0.0
         """When the next start begins (the loop's clock), while restarts keep failing."""
         self._watch_fd: int | None = None
+        self._pump: threading.Thread | None = None
+        """The thread that copies the process's output (:func:`_forward_output`)."""
+        self._key = secrets.token_urlsafe(24)
         self._quick_exits = 0
         """Exits in a row of restarted processes that ran less than :data:`STABLE_SECONDS`."""
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a request to this server must carry: its key. llama-server is started with
+        a key of its own (``LLAMA_API_KEY``, in its environment, which other users cannot
+        read, not on its command line, which they can), so another local process cannot
+        use the model, nor save or restore its slots, through its loopback port."""
+        return {"Authorization": f"Bearer {self._key}"}
 
     @property
     def running(self) -> bool:
@@ -235,17 +255,23 @@ class LlamaServer:
         # PASSIVE, right for a model sharing cores with this process, makes a separate
         # server decode three times slower here (32 against 92 tokens/s on SmolLM2).
         env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+        env["LLAMA_API_KEY"] = self._key
         with self.log_path.open("ab") as output:
             output.write(f"{_START_MARK} on port {self.port}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-            output.flush()
-            process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
-                arguments, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent,
-            )
+        process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
+            arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+        assert process.stdout is not None
+        self._pump = threading.Thread(target=_forward_output, args=(process.stdout, self.log_path,
+                                                                    self.options.model_path.name),
+                                      name="llama-server-output", daemon=True)
+        self._pump.start()
         self.process = process
         self._started_at = time.monotonic()
         client = self._client = aiohttp.ClientSession(
             base_url=self.base_url,
+            headers=self.headers,
             # a new loopback connection per request (about 0.1 ms, against seconds of
             # generation): aiohttp, unlike httpx, does not notice that llama-server closed
             # an idle kept-alive connection until it writes to it
@@ -256,6 +282,7 @@ class LlamaServer:
             deadline = asyncio.get_running_loop().time() + STARTUP_SECONDS
             while True:
                 if process.poll() is not None:
+                    await self._drained()
                     raise ModelError(f"llama-server exited while loading the model ({_exit_status(process)}):\n"
                                      f"{self._log_tail()}", code="model_unavailable")
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
@@ -303,19 +330,22 @@ class LlamaServer:
         ran = time.monotonic() - self._started_at
         self._quick_exits = self._quick_exits + 1 if self.restarts and ran < STABLE_SECONDS else 0
         status = _exit_status(process)
-        log.error("llama-server for %s exited (%s) after %.0f s; starting it again. Its last lines:\n%s",
-                  self.options.model_path.name, status, ran, self._log_tail())
         self.state = ServerState.RESTARTING
         self._failure = None if not self._quick_exits else ModelError(
             f"llama-server exited ({status}) {ran:.0f} s after it was started again "
             f"({self._quick_exits} such exit(s) in a row)",
             code="model_unavailable")
         self._next_start = asyncio.get_running_loop().create_future()
-        self._restarting = asyncio.create_task(self._restart(self._quick_exits), name="llama-server-restart")
+        self._restarting = asyncio.create_task(self._restart(self._quick_exits, f"({status}) after {ran:.0f} s"),
+                                               name="llama-server-restart")
 
-    async def _restart(self, failures: int) -> None:
-        """Start again until a start succeeds, after ``failures`` (exits or starts that
-        failed in a row) pauses' worth of waiting (see the class)."""
+    async def _restart(self, failures: int, how: str) -> None:
+        """Say how the process ended (``how``), with its last lines, then start again until
+        a start succeeds, after ``failures`` (exits or starts that failed in a row) pauses'
+        worth of waiting (see the class)."""
+        await self._drained()
+        log.error("llama-server for %s exited %s; starting it again. Its last lines:\n%s",
+                  self.options.model_path.name, how, self._log_tail())
         loop = asyncio.get_running_loop()
         while True:
             if failures:
@@ -402,6 +432,12 @@ class LlamaServer:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+    async def _drained(self) -> None:
+        """Wait (a little) until the exited process's last output is in its log file."""
+        pump = self._pump
+        if pump is not None:
+            await asyncio.to_thread(pump.join, OUTPUT_DRAIN_SECONDS)
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
@@ -504,6 +540,44 @@ def _error(status: int, text: str) -> Exception:
     if status == 400:
         return InvalidRequest(f"The embedded model refused the request: {message}")
     return ModelError(f"The embedded model's server answered {status}: {message}", code="model_error")
+
+
+def _forward_output(output: IO[bytes], path: Path, name: str) -> None:
+    """In a thread of its own, until the process's output ends: each line it writes is
+    appended to its log file (``ORS_DATA_DIR/logs/<model>.log``), and those llama.cpp marks
+    as warnings (``W``) or errors (``E``) are logged by this server too, as
+    ``ors.llama_server`` warnings and errors. Its other lines (what each request took, its
+    slots' choices) stay in the file; ``ORS_LOG_LEVEL=debug`` shows them here as well.
+
+    The pipe is always drained, whatever becomes of the file: a child whose output is not
+    read stops when the pipe is full."""
+    file: IO[bytes] | None
+    try:
+        file = path.open("ab", buffering=0)
+    except OSError as exc:
+        log.warning("cannot write llama-server's log %s: %r", path, exc)
+        file = None
+    with output:
+        for line in output:
+            if file is not None:
+                try:
+                    file.write(line)
+                except OSError as exc:
+                    log.warning("cannot write llama-server's log %s any more: %r", path, exc)
+                    file.close()
+                    file = None
+            mark = _LEVEL.match(line)
+            level = _LEVELS.get(mark.group(1), logging.DEBUG) if mark else logging.DEBUG
+            if log.isEnabledFor(level):
+                text = line[mark.end():] if mark else line
+                log.log(level, "llama-server %s: %s", name, text.decode(errors="replace").rstrip())
+    if file is not None:
+        file.close()
+
+
+_LEVEL = re.compile(rb"[0-9.]+ ([IWED]) ")
+"""llama.cpp's line prefix: the time since its start, then its level."""
+_LEVELS = {b"W": logging.WARNING, b"E": logging.ERROR}
 
 
 def _exit_status(process: subprocess.Popen[bytes]) -> str:

@@ -265,6 +265,11 @@ class LocalBackend(Backend):
         entry = self._entry(model)
         return entry.model.server.base_url if entry.model is not None else None
 
+    def server_headers(self, model: str) -> dict[str, str]:
+        """What a request to ``model``'s llama-server must carry (its key), once it runs."""
+        entry = self._entry(model)
+        return entry.model.server.headers if entry.model is not None else {}
+
     async def start(self) -> None:
         for model in self._preload:
             await self._loaded(self._entry(model))

@@ -70,7 +70,7 @@ async def slots_are_idle(backend: LocalBackend, model: str = SMOLLM2) -> bool:
     assert pool is not None and pool.busy == 0
     url = backend.server_url(model)
     assert url is not None
-    async with httpx.AsyncClient(base_url=url) as client:
+    async with httpx.AsyncClient(base_url=url, headers=backend.server_headers(model)) as client:
         for _ in range(50):
             slots = (await client.get("/slots")).json()
             if not any(slot["is_processing"] for slot in slots):

@@ -24,6 +24,8 @@ from tests.e2e.test_cli import _alive, _llama_servers_of
 from tests.e2e.test_metrics import scrape, value
 from tests.live import ServerProcess
 
+SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
 
 def _child(server: ServerProcess) -> int:
     assert server.process is not None
@@ -135,5 +137,26 @@ def test_a_model_server_that_cannot_start_again_is_503_until_it_can(tmp_path: Pa
         server.process.send_signal(signal.SIGTERM)
         assert server.process.wait(timeout=30) in (0, -signal.SIGTERM)
         assert not _llama_servers_of(server.process.pid)
+    finally:
+        server.kill()
+
+
+def test_the_model_servers_errors_are_in_the_log_and_its_port_needs_its_key(tmp_path: Path) -> None:
+    """A slot file that is not one (written here) makes llama-server report an error as
+    it is restored at start: ors's own log shows that error. And llama-server's loopback
+    port answers no request without the key ors started it with."""
+    slots = tmp_path / "kv" / SMOL
+    slots.mkdir(parents=True)
+    (slots / "slot-0.bin").write_bytes(b"not a slot file" * 100)
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL, "ORS_LOG_LEVEL": "info"}, tmp_path).start()
+    try:
+        _wait_for_log(server, f"ERROR ors.llama_server [-] llama-server {SMOL_FILE}: ")
+        assert "unknown (magic, version) for sequence state file" in server.log()  # llama.cpp's own words
+        port = int(server.log().split(f"starting llama-server for {SMOL_FILE} on port ")[1].split()[0])
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200  # public
+        refused = httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "Hi", "n_predict": 4}, timeout=10)
+        assert refused.status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/slots", timeout=10).status_code == 401
+        assert _ask(server).status_code == 200  # ors itself has the key
     finally:
         server.kill()

@@ -19,9 +19,11 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import GenerationRequest, OutputFormat, Sampling, ToolPolicy, ToolSpec
+from app.backends.base import (Backend, ChatMessage, GenerationRequest, OutputFormat, Sampling, ToolPolicy,
+                               ToolSpec)
 from app.engine import ids
 from app.engine.compaction import compaction_context
 from app.engine.context import build_messages
@@ -80,20 +82,8 @@ class Engine:
         """Chains of responses recorded here, so a long conversation's next turn does not
         reload it (see :mod:`app.engine.history`); set by the app."""
 
-    async def prepare(
-        self,
-        data: Any,
-        *,
-        tenant: str,
-        history: HistorySource,
-        error_events: bool = True,
-    ) -> Turn:
-        """Check the request (a decoded JSON body) and assemble the model's context; raise
-        before any stream.
-
-        Order: the chain of ``previous_response_id`` is loaded, then the replay gate checks
-        the input exactly as sent (so its reasons win over generic validation errors),
-        then the body is validated into protocol models."""
+    async def _assemble(self, data: Any, history: HistorySource) -> _Assembled:
+        """Steps 1 to 4 of the module's list, up to the context before it is fitted."""
         if not isinstance(data, dict):
             raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
         check_counts(data, self.limits)
@@ -144,6 +134,47 @@ class Engine:
             ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict)
             for f in body.function_tools
         )
+        return _Assembled(body, requested, model, backend, past, new_items, sealed, messages, tools)
+
+    async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
+        """``POST /v1/responses/input_tokens``: how many tokens the model would be given
+        for this request (instructions, the chain of ``previous_response_id``, the input,
+        the tools, rendered by its chat template), counted by its own tokenizer: the
+        ``usage.input_tokens`` the same request would report. Checked as :meth:`prepare`
+        checks a request; with ``truncation: auto`` the count is of what would be kept, and
+        without it a conversation longer than the window is counted all the same. A model
+        whose tokens cannot be counted here (an upstream's) is a 400 on ``model``."""
+        assembled = await self._assemble(data, history)
+        messages = assembled.messages
+        if assembled.body.truncation == "auto":
+            messages = await fit_context(assembled.backend, assembled.model, messages, assembled.tools,
+                                         truncation="auto", max_output_tokens=assembled.body.max_output_tokens)
+        counted = await assembled.backend.count_tokens(assembled.model, messages, assembled.tools)
+        if counted is None:
+            raise InvalidRequest(
+                f"Tokens can be counted for this server's embedded models only: the model "
+                f"'{assembled.requested}' runs upstream, with a tokenizer this server does not have.",
+                code="unsupported_model", param="model")
+        return counted
+
+    async def prepare(
+        self,
+        data: Any,
+        *,
+        tenant: str,
+        history: HistorySource,
+        error_events: bool = True,
+    ) -> Turn:
+        """Check the request (a decoded JSON body) and assemble the model's context; raise
+        before any stream.
+
+        Order: the chain of ``previous_response_id`` is loaded, then the replay gate checks
+        the input exactly as sent (so its reasons win over generic validation errors),
+        then the body is validated into protocol models."""
+        assembled = await self._assemble(data, history)
+        body, requested, model, backend = assembled.body, assembled.requested, assembled.model, assembled.backend
+        past, new_items, sealed, messages, tools = (assembled.past, assembled.new_items, assembled.sealed,
+                                                    assembled.messages, assembled.tools)
         messages = await fit_context(
             backend,
             model,
@@ -207,6 +238,22 @@ class Engine:
             metrics=self.metrics,
             on_recorded=on_recorded,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Assembled:
+    """A checked request and the model's context, not yet fitted to its window."""
+
+    body: CreateResponseBody
+    requested: str
+    """The model id as asked for (an alias stays an alias)."""
+    model: str
+    backend: Backend
+    past: History
+    new_items: list[Any]
+    sealed: _Opener | None
+    messages: list[ChatMessage]
+    tools: tuple[ToolSpec, ...]
 
 
 class _Opener:

@@ -391,10 +391,12 @@ class CreateResponseRoute:
 
 def install_routes(app: FastAPI) -> None:
     from app.transport.compact import router as compact_router
+    from app.transport.input_tokens import router as input_tokens_router
     from app.transport.websocket import router as websocket_router
 
     app.include_router(router)
     app.include_router(compact_router)
+    app.include_router(input_tokens_router)
     app.include_router(websocket_router)
     route = next(route for route in router.routes
                  if getattr(route, "path", None) == "/v1/responses" and "POST" in getattr(route, "methods", ()))

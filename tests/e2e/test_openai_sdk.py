@@ -85,3 +85,10 @@ def test_background_cancel_with_the_sdk(sdk: OpenAI) -> None:
     cancelled = sdk.responses.cancel(queued.id)
     assert cancelled.status == "cancelled"
     assert sdk.responses.retrieve(queued.id).status == "cancelled"
+
+
+def test_input_tokens_count(sdk: OpenAI) -> None:
+    counted = sdk.responses.input_tokens.count(model=SMOL, input="Say hi.", instructions="Be brief.")
+    assert counted.object == "response.input_tokens"
+    ran = sdk.responses.create(model=SMOL, input="Say hi.", instructions="Be brief.", max_output_tokens=16)
+    assert ran.usage is not None and ran.usage.input_tokens == counted.input_tokens

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -16,6 +18,8 @@ from app import gate_cli, logs
 from compliance import __main__ as compliance_cli
 from app.config import Settings
 
+PRIVATE_UMASK = 0o077
+"""The file mode creation mask of ``ors serve``: files 0600, directories 0700."""
 GRACEFUL_SHUTDOWN_SECONDS = 15
 """How long open streams get to end after a stop signal; they need far less."""
 
@@ -41,6 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ors serve: {problem}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format, buffered=True)
+    keep_private(settings.data_dir)
     if settings.workers > 1:
         return _serve_workers(args, settings)
     try:
@@ -67,6 +72,24 @@ def _serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return 0
+
+
+def keep_private(data_dir: Path) -> None:
+    """What the server writes is for the user it runs as only: stored responses, prompt
+    caches (the KV state of conversations), logs, keys. The file mode creation mask
+    becomes 077 for this process and every process it starts (workers, the store's
+    writer, llama-server); with the usual 022, the database and the slot files were
+    readable by every local user. A data directory that already lets others in is named
+    in a warning: its files made before stay as they are."""
+    os.umask(PRIVATE_UMASK)
+    try:
+        mode = data_dir.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077:
+        logging.getLogger("ors").warning(
+            "The data directory %s can be read by other users (mode %03o): what it holds (stored responses, "
+            "prompt caches) is theirs to read too. `chmod 700` it to keep it private.", data_dir, mode & 0o777)
 
 
 def _serve_workers(args: argparse.Namespace, settings: Settings) -> int:

@@ -20,8 +20,8 @@ what llama.cpp already does best, so this server does not do it again in Python:
   start, so a restarted server answers a known prefix from cache.
 
 * **Supervision** (:class:`LlamaServer`): an exit nobody asked for is logged and the
-  process started again; its output is copied to its log file, its warnings and errors
-  to this server's log (:func:`_forward_output`); it answers only requests that carry the
+  process started again; its output is copied to its log file, its errors to this
+  server's log (:func:`_forward_output`); it answers only requests that carry the
   key it was started with.
 
 This module knows the process and the wire format (``POST /completion``, streamed); the
@@ -545,9 +545,9 @@ def _error(status: int, text: str) -> Exception:
 def _forward_output(output: IO[bytes], path: Path, name: str) -> None:
     """In a thread of its own, until the process's output ends: each line it writes is
     appended to its log file (``ORS_DATA_DIR/logs/<model>.log``), and those llama.cpp marks
-    as warnings (``W``) or errors (``E``) are logged by this server too, as
-    ``ors.llama_server`` warnings and errors. Its other lines (what each request took, its
-    slots' choices) stay in the file; ``ORS_LOG_LEVEL=debug`` shows them here as well.
+    as errors (``E``) are logged by this server too, as ``ors.llama_server`` errors. Its
+    other lines (its warnings, what each request took, its slots' choices) stay in the
+    file; ``ORS_LOG_LEVEL=debug`` shows them here as well.
 
     The pipe is always drained, whatever becomes of the file: a child whose output is not
     read stops when the pipe is full."""
@@ -577,7 +577,11 @@ def _forward_output(output: IO[bytes], path: Path, name: str) -> None:
 
 _LEVEL = re.compile(rb"[0-9.]+ ([IWED]) ")
 """llama.cpp's line prefix: the time since its start, then its level."""
-_LEVELS = {b"W": logging.WARNING, b"E": logging.ERROR}
+_LEVELS = {b"E": logging.ERROR}
+"""Only llama.cpp's errors are this server's errors. Its warnings are routine notes: a
+GGUF's token types at every load, and two or three lines for every request whose prompt
+was wholly cached ("need to evaluate at least 1 token", "cancel task"); at info they
+would have doubled the log. They stay in the file, and at debug here."""
 
 
 def _exit_status(process: subprocess.Popen[bytes]) -> str:

@@ -193,3 +193,31 @@ def test_listens_on_all_interfaces_when_explicitly_allowed(tmp_path: Path) -> No
         finally:
             assert server.terminate() in (0, -signal.SIGTERM)
     assert "listening on 0.0.0.0 without API keys" in server.log()
+
+
+def test_what_the_server_writes_is_readable_by_its_user_only(tmp_path: Path) -> None:
+    """The store, the prompt caches, the model server's log and the key: mode 0600 files
+    in 0700 directories, whatever the umask it was started with (here the usual 022)."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL, "ORS_LOG_LEVEL": "info"}, data).start()
+    assert httpx.post(f"{server.url}/v1/responses", json={"input": "Say hi.", "max_output_tokens": 16},
+                      timeout=60).status_code == 200
+    assert server.terminate() in (0, -signal.SIGTERM)  # the slots are saved as it stops
+    assert "can be read by other users" not in server.log()
+    written = [path for path in data.rglob("*") if path != server.log_path]
+    assert {path.name for path in written} >= {"ors.db", "secret.key", "kv", SMOL, "logs", f"{SMOL}.log"}
+    assert any(path.name.startswith("slot-") for path in written)
+    for path in written:
+        assert path.stat().st_mode & 0o077 == 0, f"{path} is mode {path.stat().st_mode & 0o777:o}"
+
+
+def test_a_data_directory_others_can_read_is_named_in_a_warning(tmp_path: Path) -> None:
+    data = tmp_path / "shared"
+    data.mkdir(mode=0o755)
+    data.chmod(0o755)
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, data).start()
+    try:
+        assert f"The data directory {data} can be read by other users (mode 755)" in server.log()
+    finally:
+        server.terminate()

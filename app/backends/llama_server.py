@@ -80,6 +80,8 @@ STARTUP_SECONDS = 300.0
 """How long a model may take to load (the first load of a large file is disk-bound)."""
 _START_MARK = "--- ors starts llama-server"
 """The line written to a model's log before each process's own output."""
+LOG_FILE_BYTES = 16 * 1024 * 1024
+"""A model's log file is rotated once it would pass this (one earlier file is kept)."""
 OUTPUT_DRAIN_SECONDS = 2.0
 """How long an exit waits for the rest of the process's output before it says why."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -544,35 +546,67 @@ def _error(status: int, text: str) -> Exception:
 
 def _forward_output(output: IO[bytes], path: Path, name: str) -> None:
     """In a thread of its own, until the process's output ends: each line it writes is
-    appended to its log file (``ORS_DATA_DIR/logs/<model>.log``), and those llama.cpp marks
-    as errors (``E``) are logged by this server too, as ``ors.llama_server`` errors. Its
-    other lines (its warnings, what each request took, its slots' choices) stay in the
-    file; ``ORS_LOG_LEVEL=debug`` shows them here as well.
+    appended to its log file (``ORS_DATA_DIR/logs/<model>.log``, kept under
+    :data:`LOG_FILE_BYTES`, :class:`_LogFile`), and those llama.cpp marks as errors
+    (``E``) are logged by this server too, as ``ors.llama_server`` errors. Its other lines
+    (its warnings, what each request took, its slots' choices) stay in the file;
+    ``ORS_LOG_LEVEL=debug`` shows them here as well.
 
     The pipe is always drained, whatever becomes of the file: a child whose output is not
     read stops when the pipe is full."""
-    file: IO[bytes] | None
-    try:
-        file = path.open("ab", buffering=0)
-    except OSError as exc:
-        log.warning("cannot write llama-server's log %s: %r", path, exc)
-        file = None
+    file = _LogFile(path)
     with output:
         for line in output:
-            if file is not None:
-                try:
-                    file.write(line)
-                except OSError as exc:
-                    log.warning("cannot write llama-server's log %s any more: %r", path, exc)
-                    file.close()
-                    file = None
+            file.write(line)
             mark = _LEVEL.match(line)
             level = _LEVELS.get(mark.group(1), logging.DEBUG) if mark else logging.DEBUG
             if log.isEnabledFor(level):
                 text = line[mark.end():] if mark else line
                 log.log(level, "llama-server %s: %s", name, text.decode(errors="replace").rstrip())
-    if file is not None:
-        file.close()
+    file.close()
+
+
+class _LogFile:
+    """A model server's log, appended to by one thread and kept under
+    :data:`LOG_FILE_BYTES`: a line that would pass it first turns the file into
+    ``<name>.1`` (replacing the one before) and starts a new one, so a model's log takes
+    at most twice that (it grew by about a kilobyte per request, for ever). A file that
+    cannot be written is given up, said once."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: IO[bytes] | None = None
+        self.size = 0
+        self._open()
+
+    def _open(self) -> None:
+        try:
+            self.file = self.path.open("ab", buffering=0)
+            self.size = self.file.tell()
+        except OSError as exc:
+            log.warning("cannot write llama-server's log %s: %r", self.path, exc)
+            self.file = None
+
+    def write(self, line: bytes) -> None:
+        if self.file is None:
+            return
+        try:
+            if self.size and self.size + len(line) > LOG_FILE_BYTES:
+                self.file.close()
+                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
+                self._open()
+                if self.file is None:
+                    return
+            self.file.write(line)
+            self.size += len(line)
+        except OSError as exc:
+            log.warning("cannot write llama-server's log %s any more: %r", self.path, exc)
+            self.close()
+
+    def close(self) -> None:
+        file, self.file = self.file, None
+        if file is not None:
+            file.close()
 
 
 _LEVEL = re.compile(rb"[0-9.]+ ([IWED]) ")

@@ -21,7 +21,7 @@ what llama.cpp already does best, so this server does not do it again in Python:
 
 * **Supervision** (:class:`LlamaServer`): an exit nobody asked for is logged and the
   process started again; its output is copied to its log file, its errors to this
-  server's log (:func:`_forward_output`); it answers only requests that carry the
+  server's log (:mod:`app.backends.server_log`); it answers only requests that carry the
   key it was started with.
 
 This module knows the process and the wire format (``POST /completion``, streamed); the
@@ -48,7 +48,6 @@ import enum
 import json
 import logging
 import math
-import re
 import os
 import secrets
 import shutil
@@ -61,10 +60,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import aiohttp
 
+from app.backends import server_log
 from app.backends.chat_stream import sse_events
 from app.errors import InvalidRequest, ModelError, ModelUnavailable
 
@@ -78,10 +78,6 @@ stream waits for one whole chunk: 128 cuts that wait to a quarter of 512's."""
 
 STARTUP_SECONDS = 300.0
 """How long a model may take to load (the first load of a large file is disk-bound)."""
-_START_MARK = "--- ors starts llama-server"
-"""The line written to a model's log before each process's own output."""
-LOG_FILE_BYTES = 16 * 1024 * 1024
-"""A model's log file is rotated once it would pass this (one earlier file is kept)."""
 OUTPUT_DRAIN_SECONDS = 2.0
 """How long an exit waits for the rest of the process's output before it says why."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -212,7 +208,7 @@ class LlamaServer:
         """When the next start begins (the loop's clock), while restarts keep failing."""
         self._watch_fd: int | None = None
         self._pump: threading.Thread | None = None
-        """The thread that copies the process's output (:func:`_forward_output`)."""
+        """The thread that copies the process's output (:func:`server_log.forward_output`)."""
         self._key = secrets.token_urlsafe(24)
         self._quick_exits = 0
         """Exits in a row of restarted processes that ran less than :data:`STABLE_SECONDS`."""
@@ -258,14 +254,13 @@ class LlamaServer:
         # server decode three times slower here (32 against 92 tokens/s on SmolLM2).
         env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
         env["LLAMA_API_KEY"] = self._key
-        with self.log_path.open("ab") as output:
-            output.write(f"{_START_MARK} on port {self.port}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+        server_log.mark_start(self.log_path, self.port)
         process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
             arguments, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
         assert process.stdout is not None
-        self._pump = threading.Thread(target=_forward_output, args=(process.stdout, self.log_path,
+        self._pump = threading.Thread(target=server_log.forward_output, args=(process.stdout, self.log_path,
                                                                     self.options.model_path.name),
                                       name="llama-server-output", daemon=True)
         self._pump.start()
@@ -525,13 +520,7 @@ class LlamaServer:
         return self._client
 
     def _log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines the current (or last) process wrote to its log."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        own = text.rsplit(_START_MARK, 1)[-1].split("\n", 1)[-1] if _START_MARK in text else text
-        return "\n".join(own.splitlines()[-lines:])
+        return server_log.tail(self.log_path, lines)
 
 
 def _error(status: int, text: str) -> Exception:
@@ -542,80 +531,6 @@ def _error(status: int, text: str) -> Exception:
     if status == 400:
         return InvalidRequest(f"The embedded model refused the request: {message}")
     return ModelError(f"The embedded model's server answered {status}: {message}", code="model_error")
-
-
-def _forward_output(output: IO[bytes], path: Path, name: str) -> None:
-    """In a thread of its own, until the process's output ends: each line it writes is
-    appended to its log file (``ORS_DATA_DIR/logs/<model>.log``, kept under
-    :data:`LOG_FILE_BYTES`, :class:`_LogFile`), and those llama.cpp marks as errors
-    (``E``) are logged by this server too, as ``ors.llama_server`` errors. Its other lines
-    (its warnings, what each request took, its slots' choices) stay in the file;
-    ``ORS_LOG_LEVEL=debug`` shows them here as well.
-
-    The pipe is always drained, whatever becomes of the file: a child whose output is not
-    read stops when the pipe is full."""
-    file = _LogFile(path)
-    with output:
-        for line in output:
-            file.write(line)
-            mark = _LEVEL.match(line)
-            level = _LEVELS.get(mark.group(1), logging.DEBUG) if mark else logging.DEBUG
-            if log.isEnabledFor(level):
-                text = line[mark.end():] if mark else line
-                log.log(level, "llama-server %s: %s", name, text.decode(errors="replace").rstrip())
-    file.close()
-
-
-class _LogFile:
-    """A model server's log, appended to by one thread and kept under
-    :data:`LOG_FILE_BYTES`: a line that would pass it first turns the file into
-    ``<name>.1`` (replacing the one before) and starts a new one, so a model's log takes
-    at most twice that (it grew by about a kilobyte per request, for ever). A file that
-    cannot be written is given up, said once."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.file: IO[bytes] | None = None
-        self.size = 0
-        self._open()
-
-    def _open(self) -> None:
-        try:
-            self.file = self.path.open("ab", buffering=0)
-            self.size = self.file.tell()
-        except OSError as exc:
-            log.warning("cannot write llama-server's log %s: %r", self.path, exc)
-            self.file = None
-
-    def write(self, line: bytes) -> None:
-        if self.file is None:
-            return
-        try:
-            if self.size and self.size + len(line) > LOG_FILE_BYTES:
-                self.file.close()
-                os.replace(self.path, self.path.with_name(self.path.name + ".1"))
-                self._open()
-                if self.file is None:
-                    return
-            self.file.write(line)
-            self.size += len(line)
-        except OSError as exc:
-            log.warning("cannot write llama-server's log %s any more: %r", self.path, exc)
-            self.close()
-
-    def close(self) -> None:
-        file, self.file = self.file, None
-        if file is not None:
-            file.close()
-
-
-_LEVEL = re.compile(rb"[0-9.]+ ([IWED]) ")
-"""llama.cpp's line prefix: the time since its start, then its level."""
-_LEVELS = {b"E": logging.ERROR}
-"""Only llama.cpp's errors are this server's errors. Its warnings are routine notes: a
-GGUF's token types at every load, and two or three lines for every request whose prompt
-was wholly cached ("need to evaluate at least 1 token", "cancel task"); at info they
-would have doubled the log. They stay in the file, and at debug here."""
 
 
 def _exit_status(process: subprocess.Popen[bytes]) -> str:

@@ -1,4 +1,4 @@
-"""What becomes of llama-server's output (``_forward_output``), fed through a real pipe as
+"""What becomes of llama-server's output (``server_log.forward_output``), fed through a real pipe as
 the child writes it: every line in its log file, the file rotated before it passes its
 bound, llama.cpp's errors in this server's log and its warnings not."""
 
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from app.backends import llama_server
-from app.backends.llama_server import _forward_output
+from app.backends import server_log
+from app.backends.server_log import forward_output
 
 
 def feed(lines: list[bytes], path: Path) -> None:
     read, write = os.pipe()
-    pump = threading.Thread(target=_forward_output, args=(os.fdopen(read, "rb"), path, "model.gguf"))
+    pump = threading.Thread(target=forward_output, args=(os.fdopen(read, "rb"), path, "model.gguf"))
     pump.start()
     with os.fdopen(write, "wb") as output:
         for line in lines:
@@ -40,7 +40,7 @@ def test_each_line_goes_to_the_file_and_errors_to_the_log(tmp_path: Path, caplog
 
 
 def test_the_file_is_rotated_before_it_passes_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llama_server, "LOG_FILE_BYTES", 1000)
+    monkeypatch.setattr(server_log, "LOG_FILE_BYTES", 1000)
     path = tmp_path / "model.log"
     path.write_bytes(b"x" * 900 + b"\n")  # what an earlier process wrote
     lines = [f"0.00.000.{n:03d} I slot print_timing: request {n}\n".encode() for n in range(100)]

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     model_chunk: int = Field(default=128, ge=16, le=8192)
     """Prompt tokens an embedded model evaluates per step, between two decoding steps of
     the streams already running: the longest a running stream waits for a new prompt."""
+    model_hang_seconds: float = Field(default=120.0, ge=0)
+    """How long a running embedded model's server may answer nothing (a stuck loop) before
+    it is killed and started again; 0: never."""
     llama_server: str | None = None
     """The llama-server executable that runs the embedded models; unset means the one
     ``make install`` built into the virtual environment."""

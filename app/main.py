@@ -87,6 +87,7 @@ def default_backends(settings: Settings) -> list[Backend]:
             kv_type=settings.model_kv_type,
             chunk=settings.model_chunk,
             server_binary=settings.llama_server,
+            hang_seconds=settings.model_hang_seconds,
         )
     ]
 

@@ -80,6 +80,9 @@ STARTUP_SECONDS = 300.0
 """How long a model may take to load (the first load of a large file is disk-bound)."""
 OUTPUT_DRAIN_SECONDS = 2.0
 """How long an exit waits for the rest of the process's output before it says why."""
+HANG_SECONDS = 120.0
+"""How long a running llama-server may answer nothing before it is killed and started
+again (``ORS_MODEL_HANG_SECONDS``)."""
 RESTART_PAUSES = (1.0, 2.0, 5.0, 10.0, 30.0)
 """Seconds before each try to start an exited llama-server again, after the first (which
 is at once): one step further for each failure in a row, the last one repeated."""
@@ -182,12 +185,18 @@ class LlamaServer:
       answer is sent again once (:meth:`complete`). After a failure in a row, requests do
       not wait: they are ``503 model_unavailable`` with the last failure and a
       ``Retry-After`` of the pause left, until a start succeeds.
+    * A process that is running but answers nothing for ``hang_seconds`` (a stuck loop,
+      a stopped process) is killed, and so restarted (:meth:`_watch_for_hangs`).
     * :meth:`stop` ends all of it: a restart in progress is cancelled and its waiters fail.
     """
 
     def __init__(self, binary: Path, options: ServerOptions, log_path: Path,
-                 on_restart: Callable[[], Awaitable[object]] | None = None) -> None:
+                 on_restart: Callable[[], Awaitable[object]] | None = None,
+                 hang_seconds: float = HANG_SECONDS) -> None:
         self.binary = binary
+        self.hang_seconds = hang_seconds
+        """A process that answers nothing for this long is killed, then started again
+        (:meth:`_watch_for_hangs`); 0: never."""
         self.options = options
         self.log_path = log_path
         self.on_restart = on_restart
@@ -211,6 +220,9 @@ class LlamaServer:
         """The thread that copies the process's output (:func:`server_log.forward_output`)."""
         self._key = secrets.token_urlsafe(24)
         self._quick_exits = 0
+        self._watchdog: asyncio.Task[None] | None = None
+        self._hung = False
+        """The current process was killed for not answering."""
         """Exits in a row of restarted processes that ran less than :data:`STABLE_SECONDS`."""
 
     @property
@@ -241,6 +253,35 @@ class LlamaServer:
             self.state = ServerState.STOPPED
             raise
         self.state = ServerState.RUNNING
+        if self.hang_seconds > 0:
+            self._watchdog = asyncio.create_task(self._watch_for_hangs(), name="llama-server-watchdog")
+
+    async def _watch_for_hangs(self) -> None:
+        """Every quarter of ``hang_seconds``, while the process runs, ask it for its metrics
+        (``GET /metrics``), which its main loop answers between two steps of its batch (its
+        ``/health`` is answered by another thread, so a stuck loop would pass it). One that
+        has not answered within ``hang_seconds`` is stuck: every stream it holds would wait
+        for ever, and every request after them. It is killed (SIGKILL), and the supervisor
+        starts it again as after any exit. A step takes well under a second, a chunk of a
+        long prompt a few: the default, :data:`HANG_SECONDS`, is far from both."""
+        every = max(0.2, self.hang_seconds / 4)
+        while True:
+            await asyncio.sleep(every)
+            process, client = self.process, self._client
+            if self.state is not ServerState.RUNNING or process is None or client is None:
+                continue
+            try:
+                async with client.get("/metrics", timeout=aiohttp.ClientTimeout(total=self.hang_seconds)) as reply:
+                    await reply.read()
+            except asyncio.TimeoutError:
+                if process is self.process and process.poll() is None:
+                    log.error("llama-server for %s answered nothing for %.0f s: killing it, to start it again.",
+                              self.options.model_path.name, self.hang_seconds)
+                    self._hung = True
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+            except aiohttp.ClientError:
+                continue  # gone, or going: the exit is the supervisor's
 
     async def _spawn(self) -> None:
         """One process, loaded and watched; killed again if it could not load."""
@@ -327,6 +368,9 @@ class LlamaServer:
         ran = time.monotonic() - self._started_at
         self._quick_exits = self._quick_exits + 1 if self.restarts and ran < STABLE_SECONDS else 0
         status = _exit_status(process)
+        if self._hung:
+            status += f", for answering nothing for {self.hang_seconds:.0f} s"
+            self._hung = False
         self.state = ServerState.RESTARTING
         self._failure = None if not self._quick_exits else ModelError(
             f"llama-server exited ({status}) {ran:.0f} s after it was started again "
@@ -402,6 +446,11 @@ class LlamaServer:
         """Stop supervising, then the process (SIGTERM, then SIGKILL after 5 s), and close
         the client. The process is killed even if this task is cancelled while it waits."""
         self.state = ServerState.STOPPED
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         restarting, self._restarting = self._restarting, None
         if restarting is not None:
             restarting.cancel()

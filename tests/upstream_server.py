@@ -126,9 +126,9 @@ def running_llama_server(
     the cores are shared (measured: 64 tokens in 1.6-2.4 s on one thread, 2-89 s on two).
 
     ``cpu_extra_buffers``: llama.cpp's extra CPU weight layouts (repacking, AMX). ``None``
-    (the default) turns them off only when the build includes AMX kernels: such a build
-    crashes in ``ldtilecfg`` on the first batched decode on virtual machines that advertise
-    AMX without enabling it. ``True``/``False`` force them on/off.
+    (the default) turns them off only when the build includes AMX kernels: llama.cpp's AMX
+    code as vendored dies on its first batched step (SIGILL; the fix is applied only to the
+    llama-server build, ``scripts/patches``). ``True``/``False`` force them on/off.
 
     ``log_path``: where the server's output goes (unbuffered; it prints, for instance,
     ``Disconnected from client`` when a client goes away mid-stream). By default a temporary

@@ -21,7 +21,8 @@ set -euo pipefail
 # streams decoding together 10% slower; see ARCHITECTURE.md). The vendored code needs one
 # fix for it (patches/, applied to every build): without it the first tile instruction
 # dies with SIGILL as the model loads. A kernel that refuses the tiles to the process makes
-# llama.cpp fall back to its usual layouts.
+# llama.cpp fall back to its usual layouts. ORS_LLAMA_NO_AMX=1 builds without AMX (for
+# a server that mostly decodes several short answers at once).
 has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }
 cpu=(-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON)
 if [ -z "${ORS_LLAMA_PORTABLE:-}" ] && has avx512f && has avx512cd && has avx512vl && has avx512dq && has avx512bw; then
@@ -29,7 +30,7 @@ if [ -z "${ORS_LLAMA_PORTABLE:-}" ] && has avx512f && has avx512cd && has avx512
   if has avx512vbmi; then cpu+=(-DGGML_AVX512_VBMI=ON); fi
   if has avx512_vnni; then cpu+=(-DGGML_AVX512_VNNI=ON); fi
   if has avx512_bf16; then cpu+=(-DGGML_AVX512_BF16=ON); fi
-  if has avx512_vnni && has amx_tile && has amx_int8; then
+  if [ -z "${ORS_LLAMA_NO_AMX:-}" ] && has avx512_vnni && has amx_tile && has amx_int8; then
     cpu+=(-DGGML_AMX_TILE=ON -DGGML_AMX_INT8=ON)
     if has amx_bf16; then cpu+=(-DGGML_AMX_BF16=ON); fi
   fi

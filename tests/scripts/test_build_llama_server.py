@@ -1,6 +1,8 @@
 """The flags ``scripts/build-llama-server.sh`` builds llama-server with: the AVX2 floor
 everywhere, AVX-512 and AMX where this machine's CPU has them, the floor alone when a
-portable build is asked for (the Dockerfile); and the installed binary, run."""
+portable build is asked for (the Dockerfile); and the installed binary, run: a batch on
+the layout it was built for, and a batch of decoding sequences that gets, for each, what
+it gets alone."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from app.backends.llama_server import find_binary
+from app.backends.model_files import ModelFiles
 from tests.live import free_port
 from tests.upstream_server import smollm2_gguf
 
@@ -21,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "scripts" / "build-llama-server.sh"
 FLOOR = ["-DGGML_NATIVE=OFF", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON"]
 AVX512 = ("avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw")
+QWEN = "qwen2.5-coder-1.5b-instruct"
 
 
 def _flags(**env: str) -> list[str]:
@@ -69,6 +73,19 @@ def test_amx_where_the_cpu_has_it_and_never_in_a_portable_build() -> None:
     assert without == [flag for flag in flags if not flag.startswith("-DGGML_AMX")]
 
 
+def _serving(server: subprocess.Popen[bytes], port: int, log: Path) -> str:
+    """The base URL of ``server`` once it answers ``/health``."""
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, log.read_text()[-2000:]
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/health").status_code == 200:
+                return base
+        assert time.monotonic() < deadline, "llama-server did not start"
+        time.sleep(0.1)
+
+
 def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_path: Path) -> None:
     """The installed llama-server, on the small model, four prompts decoded together: where
     the build has AMX the weights are in its tile layout (the log says so) and the batch
@@ -82,15 +99,7 @@ def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_pa
     with log.open("wb") as output:
         server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, log.read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health").status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "llama-server did not start"
-            time.sleep(0.1)
+        base = _serving(server, port, log)
 
         def complete(subject: str) -> dict:
             body = {"prompt": f"Write two sentences about {subject}.", "n_predict": 24, "temperature": 0,
@@ -109,3 +118,41 @@ def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_pa
     # whether the binary has AMX is its build's choice (ORS_LLAMA_NO_AMX, ORS_LLAMA_PORTABLE)
     built_with_amx = "AMX_INT8 = 1" in text
     assert ("AMX model buffer size" in text) == (built_with_amx and "AMX is not ready" not in text)
+
+
+def test_sequences_decoded_together_get_what_each_gets_alone(tmp_path: Path) -> None:
+    """The installed llama-server on Qwen (Q4_K and Q6_K weights), four different questions
+    asked one at a time and then at once: each gets the same tokens with the same
+    probabilities, to the last digit. Decoding together runs a step of four rows (on an AMX
+    build, ``scripts/patches``' kernel of several rows; otherwise the CPU's repacked
+    layouts), alone a step of one; a row read from, or written to, another row's place, or
+    a block of weights applied to the wrong rows, changes the numbers."""
+    model = ModelFiles(tmp_path / "models").path(QWEN)
+    port = free_port()
+    log = tmp_path / "llama-server.log"
+    command = [str(find_binary()), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "--ctx-size", "4096", "--parallel", "4", "--kv-unified", "--threads", "2", "--no-webui"]
+    with log.open("wb") as output:
+        server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        base = _serving(server, port, log)
+
+        def ask(question: str) -> list[tuple[int, list[float]]]:
+            body = {"prompt": f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n", "n_predict": 16,
+                    "ignore_eos": True, "temperature": 0, "n_probs": 3, "cache_prompt": False}
+            answer = httpx.post(f"{base}/completion", json=body, timeout=120).json()
+            return [(token["id"], [top["logprob"] for top in token["top_logprobs"]])
+                    for token in answer["completion_probabilities"]]
+
+        questions = ["What is 17 times 3?", "What is the capital of France?", "Name the largest planet.",
+                     "Who wrote Hamlet?"]
+        alone = [ask(question) for question in questions]
+        with ThreadPoolExecutor(4) as pool:
+            together = list(pool.map(ask, questions))
+        assert server.poll() is None, log.read_text()[-2000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert [len(tokens) for tokens in alone] == [16] * 4
+    assert len({tuple(token for token, _ in tokens) for tokens in alone}) == 4
+    assert together == alone

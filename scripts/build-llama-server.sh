@@ -20,8 +20,8 @@ set -euo pipefail
 # tiles (Qwen2.5-Coder, 2-core Xeon, prompt chunks of 128: 95 -> 147 tokens/s; see
 # ARCHITECTURE.md). The vendored code gets two changes for it (patches/, applied in order
 # to every build): without the first, the first tile instruction dies with SIGILL as the
-# model loads; the second decodes a step of 2 to 4 rows (the slots' streams) in one pass
-# over the weights instead of on the 16-row tiles (four streams 30 -> 38 tokens/s). A
+# model loads; the second decodes a step of 1 to 4 rows (the slots' streams) in one pass
+# over the weights instead of on the 16-row tiles (four streams 30 -> 40 tokens/s). A
 # kernel that refuses the tiles to the process makes llama.cpp fall back to its usual
 # layouts. ORS_LLAMA_NO_AMX=1 builds without AMX.
 has() { grep -qw "$1" /proc/cpuinfo 2>/dev/null; }

@@ -32,7 +32,12 @@ backend and yields :class:`Emitted` events, each serialized exactly once. Its co
   Nothing is written per delta. The pump starts before that first write, so the model
   works while the start is recorded (what it makes waits in the queue until the start is
   durable); if the write fails, the pump is cancelled and awaited before the error is
-  raised.
+  raised. A stored stream (not background) first waits up to
+  :data:`ANSWERED_AT_ONCE_SECONDS` for the model: if the backend's stream is over by
+  then (its whole answer queued), the response is recorded once, whole, with its events,
+  before any event is yielded (one write instead of two, and one batch); nobody can know
+  its id before then. If that write fails, :meth:`open` raises, as a start that cannot
+  be recorded does, and nothing is ever yielded.
 * The turn's :class:`TurnPhase` moves ``PREPARED`` → ``RUNNING`` → ``ENDED`` and never
   back. ``ENDED`` means its outcome is final: the terminal event was made and recorded,
   or the turn failed before its first event (:meth:`wait_started` then raises that
@@ -86,6 +91,20 @@ makes the start: an upstream's request is written by aiohttp in a task of its ow
 created by the pump's first step, so it leaves on the second turn (one turn left the
 start to be made and sent first, and the upstream began only after it). A backend that
 sends sooner loses nothing but the turn."""
+
+ANSWERED_AT_ONCE_SECONDS = 0.005
+"""How long a stored stream's start waits for the model before it is recorded. A model
+that answers whole within it (the whole answer queued, the backend's stream over: a
+fast upstream, a cached answer) is recorded once, whole, with its end, and its events
+leave in one send (:meth:`Turn.open`); one that does not has its start recorded as
+before, this much later (its first output, if any came meanwhile, waits for that write
+as it would have). See ARCHITECTURE.md, "The hot path"."""
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
 
 class TurnPhase(enum.Enum):
     PREPARED = "prepared"
@@ -171,6 +190,11 @@ class Turn:
         self._started_at = 0.0
         self._first_output_at: float | None = None
         self._opened = False
+        self._whole: list[Emitted] | None = None
+        """A stored stream answered at once: all its events, recorded whole by :meth:`open`."""
+        self._first_put: asyncio.Future[None] | None = None
+        """Resolved (on the loop's next turn) by the pump's first put, while :meth:`open`
+        waits for the model."""
         self._deferred: NewResponse | None = None
         self._defer = False
         self._serialize = True
@@ -286,13 +310,22 @@ class Turn:
         whole before it is yielded, so a consumer leaving between batches never leaves a
         gap in the sequence numbers."""
         builder = self.builder
-        self.phase = TurnPhase.RUNNING
+        if self.phase is TurnPhase.ENDED and self._whole is None:
+            return  # over before it was driven: its whole answer could not be recorded
+        if self.phase is TurnPhase.PREPARED:
+            self.phase = TurnPhase.RUNNING
         began = False
-        self._started_at = time.monotonic()
+        if not self._started_at:
+            self._started_at = time.monotonic()
         if self.metrics is not None:
             self.metrics.responses_in_progress.inc()
         try:
             await self.open()
+            if self._whole is not None:  # answered at once, recorded whole (open)
+                began = True
+                whole, self._whole = self._whole, None
+                yield whole
+                return
             if self._queue is None and builder.status != "queued":
                 # The model's request leaves before the start is made and sent (turns
                 # of the loop let the pump send it); a stored stream's pump is running
@@ -429,12 +462,16 @@ class Turn:
         try:
             async for delta in stream:
                 await queue.put(delta)
+                if self._first_put is not None:
+                    self._tell_first_put()
             await queue.put(_END)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             await queue.put(exc)
         finally:
+            if self._first_put is not None:
+                self._tell_first_put()
             await stream.aclose()  # type: ignore[attr-defined]
 
     def _emit(self, event: StreamEvent) -> Emitted:
@@ -500,14 +537,76 @@ class Turn:
         (:meth:`events`) or :meth:`discard`-ed."""
         if self._opened:
             return
+        if not self._started_at:
+            self._started_at = time.monotonic()
         if self.store is not None and not self._defer:
             self._start_pump()  # the model starts while the start is recorded
+            if self.builder.status != "queued":
+                try:
+                    whole = await self._answered_at_once()
+                except BaseException:  # the client left meanwhile: the model stops
+                    await self._stop_pump()
+                    raise
+                if whole:
+                    await self._record_whole()
+                    self._opened = True
+                    return
         try:
             await self._record_begin()
         except BaseException:
             await self._stop_pump()
             raise
         self._opened = True
+
+    async def _answered_at_once(self) -> bool:
+        """Whether the model's whole answer is queued within
+        :data:`ANSWERED_AT_ONCE_SECONDS`: the pump's first put (which a backend makes of
+        its first output, its end, or its failure) ends the wait on the loop's next turn,
+        once the pump has queued all that came with it; it has answered whole if it is
+        then over. Nothing of the model's output is taken from the queue here."""
+        pump = self._pump_task
+        if pump is None:
+            return False
+        loop = asyncio.get_running_loop()
+        self._first_put = waiter = loop.create_future()
+        timer = loop.call_later(ANSWERED_AT_ONCE_SECONDS, _resolve, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._first_put = None
+        return pump.done() and not pump.cancelled()
+
+    def _tell_first_put(self) -> None:
+        waiter, self._first_put = self._first_put, None
+        if waiter is not None:
+            asyncio.get_running_loop().call_soon(_resolve, waiter)
+
+    async def _record_whole(self) -> None:
+        """A stored stream answered at once (:meth:`_answered_at_once`): its events are
+        made from what is queued, and the response is recorded once, whole, with them
+        (``store.record``, as a JSON answer is), before any of them is sent; they then
+        leave as one batch. Nobody can know its id before then. A write that fails
+        raises its error here, before the stream commits, as a start that cannot be
+        recorded does; the turn is then over, with nothing sent."""
+        builder = self.builder
+        self.phase = TurnPhase.RUNNING
+        self._defer = True
+        await self._record_begin()  # deferred: kept for the record, nothing written
+        queue = self._queue
+        assert queue is not None
+        batch = [self._emit(event) for event in builder.start()]
+        while not builder.finished:
+            got = self._control or queue.get_nowait()  # the pump is over: its end is queued
+            batch += [self._emit(event) for event in self._next_events(got)]
+        try:
+            await self._write_end()
+        except BaseException as exc:
+            self.start_error = exc
+            raise
+        finally:
+            self._mark_ended()
+        self._whole = batch
 
     def _start_pump(self) -> None:
         """The queue and, unless a signal came first, the pump task (once)."""
@@ -597,22 +696,28 @@ class Turn:
     async def _record_end(self) -> None:
         if self.store is None or self._recorded_end or not self.builder.finished:
             return
+        try:
+            await self._write_end()
+        except Exception as exc:
+            log.exception("could not record the end of response %s", self.id)
+            self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(
+                "The server could not record this response.", code="store_error")
+
+    async def _write_end(self) -> None:
+        """Write the end (the whole response, if its start was not written); raises
+        what the write raised."""
+        assert self.store is not None
         self._recorded_end = True
         resource = self.builder.response
         self.answer = final = Serialized(self._response_json(resource), str(resource.status))
         output = [item.model_dump(mode="json") for item in resource.output]
         events = [emitted.data for emitted in self.emitted] if self._serialize else None
-        try:
-            if self._deferred is not None:
-                written = await self.store.record(self._deferred, final, output, events)
-            else:
-                written = await self.store.finish(self.tenant, self.id, final, output, events)
-            if written and self.on_recorded is not None:
-                self.on_recorded(output)
-        except Exception as exc:
-            log.exception("could not record the end of response %s", self.id)
-            self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(
-                "The server could not record this response.", code="store_error")
+        if self._deferred is not None:
+            written = await self.store.record(self._deferred, final, output, events)
+        else:
+            written = await self.store.finish(self.tenant, self.id, final, output, events)
+        if written and self.on_recorded is not None:
+            self.on_recorded(output)
 
     async def _record_later(self) -> None:
         """The end the client was told (the failure that replaced an unrecorded end, or

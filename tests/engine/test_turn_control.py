@@ -376,7 +376,10 @@ async def test_an_end_that_cannot_be_recorded_fails_the_response_and_is_written_
             raise StoreUnavailable("The response store cannot be reached at the moment; retry shortly.")
 
         monkeypatch.setattr(store, "finish", unreachable)
-        turn = await _turn(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store,
+        # a model slower than the wait for an answer at once, so the start is recorded
+        # first and the end alone cannot be
+        model = Script(text_script("a", "b"), delay=0.02)
+        turn = await _turn(ScriptedBackend({"short": model}), "short", store=store,
                            background=background, stream=not background)
         if background:
             live = LiveTurns()

@@ -36,7 +36,7 @@ from app.engine.limits import RequestLimits, check_counts
 from app.engine.models import ModelRouter
 from app.engine.sealing import Sealer, SealError
 from app.engine.truncation import fit_context
-from app.engine.turn import Turn
+from app.engine.turn import InFlight, Turn
 from app.engine.validation import parse_body
 from app.errors import InvalidRequest
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
@@ -78,6 +78,8 @@ class Engine:
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
         self.metrics = Metrics()
         """What the server counts; the app replaces it with the one ``/metrics`` reads."""
+        self.in_flight = InFlight()
+        """Its turns opened and not yet ended (see :meth:`Turn.open`)."""
         self.history_cache: HistoryCache | None = None
         """Chains of responses recorded here, so a long conversation's next turn does not
         reload it (see :mod:`app.engine.history`); set by the app."""
@@ -237,6 +239,7 @@ class Engine:
             seal_reasoning=_reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             metrics=self.metrics,
             on_recorded=on_recorded,
+            in_flight=self.in_flight,
         )
 
 

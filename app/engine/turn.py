@@ -32,9 +32,10 @@ backend and yields :class:`Emitted` events, each serialized exactly once. Its co
   Nothing is written per delta. The pump starts before that first write, so the model
   works while the start is recorded (what it makes waits in the queue until the start is
   durable); if the write fails, the pump is cancelled and awaited before the error is
-  raised. A stored stream (not background) first waits up to
-  :data:`ANSWERED_AT_ONCE_SECONDS` for the model: if the backend's stream is over by
-  then (its whole answer queued), the response is recorded once, whole, with its events,
+  raised. A stored stream (not background) opened while other responses are in flight
+  (:class:`InFlight`) first waits up to :data:`ANSWERED_AT_ONCE_SECONDS` for the
+  model: if the backend's stream is over by then (its whole answer queued), the
+  response is recorded once, whole, with its events,
   before any event is yielded (one write instead of two, and one batch); nobody can know
   its id before then. If that write fails, :meth:`open` raises, as a start that cannot
   be recorded does, and nothing is ever yielded.
@@ -93,12 +94,22 @@ start to be made and sent first, and the upstream began only after it). A backen
 sends sooner loses nothing but the turn."""
 
 ANSWERED_AT_ONCE_SECONDS = 0.005
-"""How long a stored stream's start waits for the model before it is recorded. A model
-that answers whole within it (the whole answer queued, the backend's stream over: a
-fast upstream, a cached answer) is recorded once, whole, with its end, and its events
-leave in one send (:meth:`Turn.open`); one that does not has its start recorded as
-before, this much later (its first output, if any came meanwhile, waits for that write
-as it would have). See ARCHITECTURE.md, "The hot path"."""
+"""How long a stored stream's start waits for the model before it is recorded, while
+other responses are in flight (:meth:`Turn.open`). A model that answers whole
+within it (the whole answer queued, the backend's stream over: a fast upstream, a
+cached answer) is recorded once, whole, with its end, and its events leave in one send;
+one that does not has its start recorded then (its first output, if any came
+meanwhile, waits for that write). See ARCHITECTURE.md, "The hot path"."""
+
+
+class InFlight:
+    """How many turns of one engine are in flight: opened (:meth:`Turn.open`) and not yet
+    ended. What tells a stored stream whether the server is busy."""
+
+    __slots__ = ("count",)
+
+    def __init__(self) -> None:
+        self.count = 0
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -152,8 +163,11 @@ class Turn:
         seal_reasoning: Callable[[str], str] | None = None,
         metrics: Metrics | None = None,
         on_recorded: Callable[[list[dict[str, Any]]], None] | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
         self.body = body
+        self._in_flight = in_flight
+        self._counted = False
         self.metrics = metrics
         self.on_recorded = on_recorded
         """Called with the output items (stored form) once the end is written."""
@@ -274,6 +288,7 @@ class Turn:
         self._mark_ended()
 
     def _mark_ended(self) -> None:
+        self._leave()
         if self.phase is TurnPhase.ENDED:
             return
         self.phase = TurnPhase.ENDED
@@ -534,29 +549,56 @@ class Turn:
         A transport calls it before it commits to a stream, so that such a failure is a
         plain HTTP error instead of a stream cut before ``response.created``; otherwise
         :meth:`events` does it. Idempotent. A turn opened this way must then be driven
-        (:meth:`events`) or :meth:`discard`-ed."""
+        (:meth:`events`) or :meth:`discard`-ed.
+
+        While other responses are in flight in this process (:class:`InFlight`), a
+        stored stream waits up to :data:`ANSWERED_AT_ONCE_SECONDS` for its model, and
+        one answered whole by then is recorded once, whole (:meth:`_record_whole`):
+        under load the write saved is worth more than the start's early send. On an
+        idle server its start is written at once, while the model works, so its first
+        output is sent as soon as it comes."""
         if self._opened:
             return
+        busy = self._enter()
         if not self._started_at:
             self._started_at = time.monotonic()
-        if self.store is not None and not self._defer:
-            self._start_pump()  # the model starts while the start is recorded
-            if self.builder.status != "queued":
-                try:
-                    whole = await self._answered_at_once()
-                except BaseException:  # the client left meanwhile: the model stops
-                    await self._stop_pump()
-                    raise
-                if whole:
-                    await self._record_whole()
-                    self._opened = True
-                    return
         try:
-            await self._record_begin()
+            if self.store is not None and not self._defer:
+                self._start_pump()  # the model starts while the start is recorded
+                if busy and self.builder.status != "queued":
+                    try:
+                        whole = await self._answered_at_once()
+                    except BaseException:  # the client left meanwhile: the model stops
+                        await self._stop_pump()
+                        raise
+                    if whole:
+                        await self._record_whole()
+                        self._opened = True
+                        return
+            try:
+                await self._record_begin()
+            except BaseException:
+                await self._stop_pump()
+                raise
         except BaseException:
-            await self._stop_pump()
+            self._leave()  # it never runs
             raise
         self._opened = True
+
+    def _enter(self) -> bool:
+        """Count this turn in flight (once); whether another one is."""
+        counter = self._in_flight
+        if counter is None:
+            return False
+        if not self._counted:
+            self._counted = True
+            counter.count += 1
+        return counter.count > 1
+
+    def _leave(self) -> None:
+        if self._counted and self._in_flight is not None:
+            self._counted = False
+            self._in_flight.count -= 1
 
     async def _answered_at_once(self) -> bool:
         """Whether the model's whole answer is queued within

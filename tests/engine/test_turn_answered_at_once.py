@@ -1,7 +1,8 @@
-"""A stored stream whose model answers whole at once is recorded once, whole, before any
-of its events leaves, and its events leave as one batch; one whose model takes longer
-has its start recorded first, as before. Either way a write that fails before anything
-was sent is a plain error from :meth:`Turn.open`. The store is the real SQL store; the
+"""While other responses are in flight (another turn of the same engine opened and not
+ended), a stored stream whose model answers whole at once is recorded once, whole, before any of its events leaves,
+and its events leave as one batch; one whose model takes longer, and any on an idle
+server, has its start recorded first. Either way a write that fails before anything was
+sent is a plain error from :meth:`Turn.open`. The store is the real SQL store; the
 calls it gets are counted by wrapping its methods (the wrapped methods still run)."""
 
 from __future__ import annotations
@@ -62,10 +63,16 @@ def _counted(store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> list[s
     return calls
 
 
-async def _turn(store: SqlResponseStore, script: Script, history: HistorySource | None = None,
-                **body: Any) -> tuple[Turn, ScriptedBackend]:
+async def _turn(store: SqlResponseStore, script: Script, history: HistorySource | None = None, *,
+                busy: bool = True, **body: Any) -> tuple[Turn, ScriptedBackend]:
+    """A stream's turn; ``busy``: another response of the same engine is in flight (a
+    ``store: false`` one, opened, which writes nothing and never ends here)."""
     backend = ScriptedBackend({"m": script})
     engine = Engine(ModelRouter([backend], "m"), store=store)
+    if busy:
+        other = await engine.prepare({"model": "m", "input": "x", "stream": True, "store": False}, tenant="t",
+                                     history=NoHistory())
+        await other.open()
     turn = await engine.prepare({"model": "m", "input": "Hi there", "stream": True, **body}, tenant="t",
                                 history=history or NoHistory())
     return turn, backend
@@ -158,3 +165,37 @@ async def test_a_background_stream_is_recorded_queued_first(
     assert stored is not None and stored.status == "queued"
     await turn.run()
     assert calls[-1] == "finish"
+
+
+async def test_on_an_idle_server_a_stream_answered_at_once_has_its_start_recorded_first(
+        store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing else runs: the start is written at once, while the model works, and the
+    output leaves as soon as it comes, before the end's write."""
+    calls = _counted(store, monkeypatch)
+    turn, _ = await _turn(store, Script(text_script("a", "b")), busy=False)
+    await turn.open()
+    assert calls == ["begin"]
+    batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
+    assert len(batches) == 2 and "response.output_text.delta" in batches[0]
+    assert batches[1][-1] == "response.completed"
+    assert calls == ["begin", "finish"]
+
+
+async def test_a_turn_counts_in_flight_from_its_opening_to_its_end(store: SqlResponseStore) -> None:
+    backend = ScriptedBackend({"m": Script(text_script("a"))})
+    engine = Engine(ModelRouter([backend], "m"), store=store)
+    turns = [await engine.prepare({"model": "m", "input": "x", "stream": True}, tenant="t", history=NoHistory())
+             for _ in range(2)]
+    assert engine.in_flight.count == 0  # prepared only
+    await turns[0].open()
+    assert engine.in_flight.count == 1
+    await turns[1].open()  # answered at once, recorded whole: already over
+    assert engine.in_flight.count == 1
+    async for _ in turns[0].batches():
+        pass
+    assert engine.in_flight.count == 0
+    failing = await engine.prepare({"model": "m", "input": "x", "stream": True, "previous_response_id": "resp_gone"},
+                                   tenant="t", history=_Fixed())
+    with pytest.raises(PreviousResponseNotFound):
+        await failing.open()
+    assert engine.in_flight.count == 0  # a turn that never runs is not in flight

@@ -2,12 +2,15 @@
 
 One run starts the stub upstream of :mod:`bench.stub` and ``ors serve`` (a real process,
 its defaults, a fresh SQLite store, the stub as ``ORS_UPSTREAM_URL`` and its model as the
-default model, so no embedded model is loaded), then measures three targets over loopback
-with the same client (:mod:`bench.wire`, whose own cost cancels in the differences):
+default model, so no embedded model is loaded) and the floor of :mod:`bench.floor` in
+front of the same stub, then measures four targets over loopback with the same client
+(:mod:`bench.wire`, whose own cost cancels in the differences):
 
 * ``direct``: the stub's ``POST /v1/chat/completions`` (``stream`` as the format asks);
 * ``stored``: ors's ``POST /v1/responses``, ``store: true``;
-* ``unstored``: the same with ``store: false``.
+* ``unstored``: the same with ``store: false``;
+* ``floor``: a bare forwarder on ors's stack (uvicorn, aiohttp) with nothing of ors in
+  it, a reference held to no target: what any proxy on this stack costs on the machine.
 
 Each in two formats, ``json`` and ``sse``. The targets take turns in rounds, block after
 block in alternating order, so drift of the machine falls on all of them alike:
@@ -15,7 +18,8 @@ block in alternating order, so drift of the machine falls on all of them alike:
 * latency, one request at a time: p50/p99, time to first byte, to first text;
 * throughput at concurrency 16 and 64 (one kept-alive connection per request in flight):
   requests per second, and the p99 under that load;
-* CPU time of the serving process per request (ors for ors, the stub for ``direct``).
+* CPU time of the serving process per request (ors for ors, the stub for ``direct``, the
+  floor's process for ``floor``).
 
 Then, through ors: 1,000 streams held open at once by the stub (``--streams``), and a
 ``previous_response_id`` chain of 1,000 turns (``--chain``). Last, ors on PostgreSQL
@@ -48,6 +52,7 @@ from typing import Any
 from bench import proxy_report
 from bench.procfs import children_named
 from bench.proxy_load import Samples, Target, block, chain, open_streams
+from bench.floor import FloorProcess
 from bench.stub import MODEL, StubProcess, hold_model
 from bench.wire import CHAT_PROBE, RESPONSES_PROBE, post
 from tests.live import ServerProcess, free_port
@@ -73,7 +78,8 @@ class Plan:
 QUICK = Plan(rounds=2, latency_requests=40, throughput_requests=128, streams=200, hold_s=3.0, chain_turns=100)
 
 
-def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int) -> list[Target]:
+def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int,
+             floor: FloorProcess | None = None) -> list[Target]:
     def chat(stream: bool) -> bytes:
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": stream}
         if stream:
@@ -83,13 +89,21 @@ def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int) -> list
     def responses(store: bool, stream: bool) -> bytes:
         return post(ors_port, "/v1/responses", {"model": MODEL, "input": "Hi", "store": store, "stream": stream})
 
-    return [
+    targets = [
         Target("direct", stub_port, stub_pid, {"json": chat(False), "sse": chat(True)}, CHAT_PROBE),
         Target("stored", ors_port, ors_pid, {"json": responses(True, False), "sse": responses(True, True)},
                RESPONSES_PROBE),
         Target("unstored", ors_port, ors_pid, {"json": responses(False, False), "sse": responses(False, True)},
                RESPONSES_PROBE),
     ]
+    if floor is not None and floor.process is not None:
+        def forwarded(stream: bool) -> bytes:
+            return post(floor.port, "/v1/responses", {"model": MODEL, "input": "Hi", "store": False, "stream": stream})
+
+        # it passes the stub's chunks through: they are read as the stub's are
+        targets.append(Target("floor", floor.port, floor.process.pid,
+                              {"json": forwarded(False), "sse": forwarded(True)}, CHAT_PROBE))
+    return targets
 
 
 async def _interleaved(targets: list[Target], plan: Plan, concurrency: int, total: int) -> dict[str, Samples]:
@@ -106,10 +120,11 @@ async def _interleaved(targets: list[Target], plan: Plan, concurrency: int, tota
     return merged
 
 
-async def measure(stub: StubProcess, ors: ServerProcess, plan: Plan, *, log: Any = print) -> dict[str, Any]:
+async def measure(stub: StubProcess, ors: ServerProcess, plan: Plan, *, floor: FloorProcess | None = None,
+                  log: Any = print) -> dict[str, Any]:
     """Every figure of one run, raw (see :func:`bench.proxy_report.summarize`)."""
     assert stub.process is not None and ors.process is not None
-    targets = _targets(stub.port, stub.process.pid, ors.port, ors.process.pid)
+    targets = _targets(stub.port, stub.process.pid, ors.port, ors.process.pid, floor)
     await _warm_up(targets)
     phases: dict[str, dict[str, Samples]] = {}
     log(f"latency: {plan.latency_requests} requests one at a time per target and format")
@@ -210,18 +225,19 @@ async def _warm_up(targets: list[Target]) -> None:
 
 
 @contextlib.contextmanager
-def servers(work: Path) -> Iterator[tuple[StubProcess, ServerProcess]]:
-    """The stub and ``ors serve`` in front of it, both on loopback, stopped on exit."""
+def servers(work: Path) -> Iterator[tuple[StubProcess, ServerProcess, FloorProcess]]:
+    """The stub, and ``ors serve`` and the floor in front of it, all on loopback, stopped on exit."""
     stub = StubProcess(free_port(), work / "stub.log").start()
     try:
-        ors = ServerProcess({"ORS_UPSTREAM_URL": stub.base_url, "ORS_DEFAULT_MODEL": MODEL}, work / "ors").start()
-        try:
-            yield stub, ors
-        finally:
+        with FloorProcess(free_port(), stub.base_url, work / "floor.log") as floor:
+            ors = ServerProcess({"ORS_UPSTREAM_URL": stub.base_url, "ORS_DEFAULT_MODEL": MODEL}, work / "ors").start()
             try:
-                ors.terminate()
-            except subprocess.TimeoutExpired:
-                ors.kill()
+                yield stub, ors, floor
+            finally:
+                try:
+                    ors.terminate()
+                except subprocess.TimeoutExpired:
+                    ors.kill()
     finally:
         stub.stop()
 
@@ -241,13 +257,13 @@ def run(plan: Plan, *, quick: bool, postgres: str | None = POSTGRES_ADMIN) -> No
     load_before = os.getloadavg()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ors-proxy-bench-") as scratch:
-        with servers(Path(scratch)) as (stub, ors):
+        with servers(Path(scratch)) as (stub, ors, floor):
             assert ors.process is not None
             loaded = children_named(ors.process.pid, "llama-server")
             if loaded:
                 print(f"warning: ors started {len(loaded)} llama-server process(es); their CPU is not counted")
             with _loop_runner() as runner:
-                raw = runner.run(measure(stub, ors, plan))
+                raw = runner.run(measure(stub, ors, plan, floor=floor))
                 raw["workers"] = measure_workers(stub, plan, Path(scratch), runner, postgres) if postgres else None
         context = {"quick": quick, "plan": plan.__dict__, "cpus": os.cpu_count(), "load_before": load_before,
                    "load_after": os.getloadavg(), "seconds": time.perf_counter() - started,

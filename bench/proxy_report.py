@@ -2,7 +2,9 @@
 the targets; a printed table, ``bench/results/proxy-<time>.json`` and ``.png``.
 
 Added figures are differences of the same quantile, ors minus direct, measured by the
-same client in the same rounds. Throughput is given as a share of direct's. Targets:
+same client in the same rounds. Throughput is given as a share of direct's. The floor
+(:mod:`bench.floor`, when measured) gets the same figures as a reference row, held to no
+target: what the stack itself costs on the machine. Targets:
 
 * added latency p50 <= 2 ms stored, <= 1 ms with ``store: false``; added p99 <= 2x added p50;
 * throughput at concurrency 16 >= 10% of direct, stored or not, with a p99 <= 100 ms;
@@ -23,6 +25,7 @@ from bench.proxy_load import Samples
 
 RESULTS = Path(__file__).parent / "results"
 PATHS = {"stored": "stored", "unstored": "store:false"}
+FLOOR = "floor"
 ADDED_P50_MS = {"stored": 2.0, "unstored": 1.0}
 SHARE_C16 = 0.10
 P99_C16_MS = 100.0
@@ -65,7 +68,7 @@ def summarize(raw: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
     added: dict[str, dict[str, float]] = {}
     for fmt in ("json", "sse"):
         direct = {phase: figures[phase][f"{fmt}/direct"] for phase in figures}
-        for path in PATHS:
+        for path in _rows(figures):
             ors = {phase: figures[phase][f"{fmt}/{path}"] for phase in figures}
             added[f"{fmt}/{path}"] = {
                 "p50_ms": ors["c1"]["p50_ms"] - direct["c1"]["p50_ms"],
@@ -91,6 +94,15 @@ def summarize(raw: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
                           for phase, blocks in phases.items()}}
     report["targets"] = _targets(report)
     return report
+
+
+def _rows(figures: dict[str, dict[str, Any]]) -> list[str]:
+    """The paths with added figures: ors's, then the floor if it was measured."""
+    return [*PATHS, *([FLOOR] if f"json/{FLOOR}" in figures["c1"] else [])]
+
+
+def _label(path: str) -> str:
+    return PATHS.get(path, path)
 
 
 def _target(name: str, value: float | None, limit: float, unit: str, *, at_least: bool = False) -> dict[str, Any]:
@@ -150,8 +162,10 @@ def _print(report: dict[str, Any]) -> None:
     head = (f"{'path':18}{'+p50':>9}{'+p99':>9}{'+TTFB':>8}{'+1st text':>10}{'req/s c=16':>17}{'p99 c=16':>10}"
             f"{'req/s c=64':>17}{'CPU/req':>9}{'fail':>6}")
     print(head)
+    rows = _rows(figures)
     for fmt in ("json", "sse"):
-        for path, label in PATHS.items():
+        for path in rows:
+            label = _label(path)
             a, c16, c64 = added[f"{fmt}/{path}"], figures["c16"][f"{fmt}/{path}"], figures["c64"][f"{fmt}/{path}"]
             failures = sum(figures[phase][f"{fmt}/{path}"]["failures"] for phase in figures)
             text = f"{a['first_text_ms']:+9.2f}" if fmt == "sse" else f"{'':>9}"
@@ -159,11 +173,17 @@ def _print(report: dict[str, Any]) -> None:
                   f"{c16['requests_per_s']:8.1f} ({a['share_c16']:5.1%}){c16['p99_ms']:8.1f}ms"
                   f"{c64['requests_per_s']:8.1f} ({a['share_c64']:5.1%}){a['cpu_ms_per_request']:7.2f}ms{failures:6d}")
     print("  (+: added over direct, ms, p50 unless named; CPU/req: ors and its processes; fail: failed requests)")
+    if FLOOR in rows:
+        cpu = {key: row["cpu_ms_per_request"] for key, row in added.items()}
+        above = ", ".join(f"{fmt} {label} {cpu[f'{fmt}/{path}'] - cpu[f'{fmt}/{FLOOR}']:+.2f} ms"
+                          for fmt in ("json", "sse") for path, label in PATHS.items())
+        print("  floor: a bare forwarder on ors's stack (uvicorn, aiohttp), nothing validated, translated or stored; "
+              f"a reference, held to no target. ors's CPU per request above it: {above}")
     direct_first = {fmt: figures["c1"][f"{fmt}/direct"]["new_connection_p50_ms"] for fmt in ("json", "sse")}
     print("  a connection's first request, p50 (not in the figures above): direct json "
-          f"{direct_first['json']:.2f} ms, sse {direct_first['sse']:.2f} ms; added by ors: " + ", ".join(
-              f"{fmt} {label} {added[f'{fmt}/{path}']['new_connection_ms']:+.2f}"
-              for fmt in ("json", "sse") for path, label in PATHS.items()))
+          f"{direct_first['json']:.2f} ms, sse {direct_first['sse']:.2f} ms; added: " + ", ".join(
+              f"{fmt} {_label(path)} {added[f'{fmt}/{path}']['new_connection_ms']:+.2f}"
+              for fmt in ("json", "sse") for path in rows))
     streams, chained = report["streams"], report["chain"]
     if streams:
         print(f"{streams['streams']} streams at once (held {streams['hold_s']:g} s): "
@@ -237,20 +257,20 @@ def _plot(report: dict[str, Any], path: Path) -> None:
               (axes[0][1], "c1", "sse", "first_text_ms", "SSE, one at a time: first text"),
               (axes[1][0], "c16", "json", "latency_ms", "JSON at c=16: latency")]
     for axis, phase, fmt, kind, title in panels:
-        for target, label in (("direct", "direct"), *PATHS.items()):
-            _cdf(axis, samples[phase][f"{fmt}/{target}"][kind], label)
+        for target in ("direct", *_rows(report["figures"])):
+            _cdf(axis, samples[phase][f"{fmt}/{target}"][kind], _label(target))
         axis.set_xscale("log")
         axis.set_xlabel("ms")
         axis.set_ylabel("share of requests")
         axis.set_title(title)
         axis.legend()
     shares = axes[0][2]
-    keys = [f"{fmt}/{path}" for fmt in ("json", "sse") for path in PATHS]
+    keys = [f"{fmt}/{path}" for fmt in ("json", "sse") for path in _rows(report["figures"])]
     for offset, phase in ((-0.2, "c16"), (0.2, "c64")):
         shares.bar([k + offset for k in range(len(keys))], [report["added"][key][f"share_{phase}"] for key in keys],
                    0.4, label=phase.replace("c", "c="))
     shares.axhline(SHARE_C16, color="red", linestyle="--", linewidth=1, label="target at c=16")
-    shares.set_xticks(range(len(keys)), [key.replace("unstored", "store:false").replace("/", " ") for key in keys])
+    shares.set_xticks(range(len(keys)), [key.replace("unstored", "store:false").replace("/", "\n") for key in keys])
     shares.set_title("throughput as a share of direct")
     shares.legend()
     streams, chained = report["streams"], report["chain"]

@@ -25,7 +25,7 @@ import sys
 import time
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -151,21 +151,25 @@ class StubProcess:
         """The Chat Completions base URL (what ``ORS_UPSTREAM_URL`` takes)."""
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 30) -> StubProcess:
+    def command(self) -> list[str]:
+        """What runs the server (another of the benchmark's servers overrides it)."""
+        return [sys.executable, "-m", "bench.stub", "--port", str(self.port)]
+
+    def start(self, timeout: float = 30) -> Self:
+        """Start the process, and return once it answers ``GET /v1/models``."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "bench.stub", "--port", str(self.port)],
-                                            stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the stub exited early:\n{self.log_path.read_text()}")
+                raise RuntimeError(f"{self.command()[2]} exited early:\n{self.log_path.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.base_url}/models", timeout=1).status_code == 200:
                     return self
             time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"the stub did not start:\n{self.log_path.read_text()}")
+        raise TimeoutError(f"{self.command()[2]} did not start:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -176,7 +180,7 @@ class StubProcess:
                 self.process.kill()
                 self.process.wait(timeout=10)
 
-    def __enter__(self) -> StubProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,5 +1,6 @@
 """The proxy benchmark's report, from made-up samples: added figures are ors minus direct,
-targets are judged as documented, and the table and the plot are produced."""
+targets are judged as documented, the floor is a reference row held to no target, and the
+table and the plot are produced."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _samples(ms: float, *, per_s: float, cpu_ms: float) -> Samples:
                    wall_s=count / per_s, cpu_s=cpu_ms * count / 1000, new_connection=[2 * ms / 1000] * 10)
 
 
-def _raw() -> dict[str, object]:
+def _raw(*, floor: bool = False) -> dict[str, object]:
     phases = {}
     for phase in ("c1", "c16", "c64"):
         blocks = {}
@@ -27,6 +28,8 @@ def _raw() -> dict[str, object]:
             blocks[f"{fmt}/direct"] = _samples(0.5, per_s=1000, cpu_ms=0.1)
             blocks[f"{fmt}/stored"] = _samples(2.0, per_s=50, cpu_ms=10)  # +1.5 ms, 5% of direct
             blocks[f"{fmt}/unstored"] = _samples(1.0, per_s=200, cpu_ms=3)  # +0.5 ms, 20% of direct
+            if floor:
+                blocks[f"{fmt}/floor"] = _samples(0.75, per_s=400, cpu_ms=1)  # +0.25 ms, 40% of direct
         phases[phase] = blocks
     streams = {"streams": 10, "hold_s": 1.0, "wall_s": 2.0, "received_text": 10, "ended_with_terminal_event": 9,
                "terminal_events": {"completed": 8, "failed": 1}, "failure_codes": {"upstream_timeout": 1}, "cut": 1,
@@ -86,3 +89,22 @@ def test_workers_are_reported_by_count_with_their_gain(tmp_path: Path, monkeypat
     printed = capsys.readouterr().out
     assert "ors on PostgreSQL by worker processes" in printed
     assert "2 workers:   200.0 (20.0%" in printed and "x2.00" in printed
+
+
+def test_the_floor_is_a_reference_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(proxy_report, "RESULTS", tmp_path)
+    plan = {"plan": {"rounds": 1, "latency_requests": 100, "throughput_requests": 100}}
+    report = proxy_report.summarize(_raw(floor=True), plan)
+    floor = report["added"]["sse/floor"]
+    assert floor["p50_ms"] == pytest.approx(0.25) and floor["share_c16"] == pytest.approx(0.4)
+    assert floor["cpu_ms_per_request"] == pytest.approx(1)
+    # held to no target: the same targets as without it
+    assert [t["name"] for t in report["targets"]] == [t["name"] for t in proxy_report.summarize(_raw(), plan)["targets"]]
+    assert not any("floor" in target["name"] for target in report["targets"])
+    stem = proxy_report.write(report)
+    assert json.loads(stem.with_suffix(".json").read_text())["added"]["json/floor"]["share_c64"] == pytest.approx(0.4)
+    printed = capsys.readouterr().out
+    assert "json floor" in printed and "sse floor" in printed
+    # ors's CPU per request above the floor's: 10 - 1 stored, 3 - 1 store:false
+    assert "json stored +9.00 ms" in printed and "sse store:false +2.00 ms" in printed

@@ -136,7 +136,8 @@ def test_sequences_decoded_together_get_what_each_gets_alone(tmp_path: Path) -> 
     port = free_port()
     log = tmp_path / "llama-server.log"
     command = [str(find_binary()), "--model", str(model), "--host", "127.0.0.1", "--port", str(port),
-               "--ctx-size", "4096", "--parallel", "4", "--kv-unified", "--threads", "2", "--no-webui"]
+               "--ctx-size", "4096", "--parallel", "4", "--kv-unified", "--threads", "2", "--no-webui",
+               "--verbosity", "4"]  # the buffer types loaded (an AMX one, or none) are logged from 4 on
     with log.open("wb") as output:
         server = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
     try:

@@ -30,6 +30,13 @@ Logprobs, only when the request asked for them (``logprobs=True``): each
 and the final ``output_text`` part carry the whole list of the message, in order. Logprobs
 that arrive with no text (a token that completes no character) go with the next delta.
 When not asked, no ``logprobs`` field appears anywhere and nothing is done per delta.
+
+A builder whose events nobody will read (:meth:`ResponseBuilder.quiet`: a plain JSON
+answer) runs every state machine, gives every id and sequence number and builds every
+item and snapshot of the response as any other, but each event it returns is an
+:class:`Unread` stand-in, its type and sequence number only, not its wire model (and the
+zero-value items of ``*.added`` events are not made): about half of the pydantic models a
+JSON answer made were events that were dropped unread.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from app.backends.base import (
     Delta,
@@ -88,6 +96,27 @@ from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
 
 class IllegalTransition(RuntimeError):
     """A state machine was asked to make a move the spec forbids."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """An event of a quiet builder: what it is and where it stands, nothing more."""
+
+    type: str
+    sequence_number: int
+
+
+Event = StreamEvent | Unread
+"""What the builder's methods return: wire events, or a quiet builder's stand-ins."""
+
+_TYPES: dict[type[StreamEvent], str] = {
+    kind: kind.model_fields["type"].default
+    for kind in (ContentPartAdded, ContentPartDone, ErrorEvent, FunctionCallArgumentsDelta,
+                 FunctionCallArgumentsDone, OutputItemAdded, OutputItemDone, OutputTextDelta,
+                 OutputTextDone, ReasoningDone, ReasoningDeltaEvent, ResponseCompleted,
+                 ResponseCreated, ResponseFailed, ResponseIncomplete, ResponseInProgress,
+                 ResponseQueued)
+}
 
 
 _RESPONSE_MOVES: dict[str, frozenset[str]] = {
@@ -161,6 +190,7 @@ class ResponseBuilder:
         self._open: _OpenItem | None = None
         self._closed_tool_indexes: set[int] = set()
         self._started = False
+        self._quiet = False
 
     # ------------------------------------------------------------ state
 
@@ -188,6 +218,23 @@ class ResponseBuilder:
         self._sequence += 1
         return number
 
+    def quiet(self) -> None:
+        """Nobody will read this response's events (see the module docstring): from now
+        on each is an :class:`Unread` stand-in. Before :meth:`start` only."""
+        if self._started:
+            raise IllegalTransition("a started response's events are already out")
+        self._quiet = True
+
+    def _event(self, kind: type[StreamEvent], /, **fields: Any) -> Event:
+        """The event ``kind`` of ``fields``, or for a quiet builder its stand-in."""
+        if self._quiet:
+            return Unread(_TYPES[kind], fields["sequence_number"])
+        return kind(**fields)
+
+    def _unread(self, *kinds: type[StreamEvent]) -> list[Event]:
+        """A quiet builder's stand-ins for the events ``kinds``, numbered in order."""
+        return [Unread(_TYPES[kind], self._next()) for kind in kinds]
+
     def _move(self, status: str, **changes: object) -> None:
         allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
         if status not in allowed:
@@ -196,24 +243,24 @@ class ResponseBuilder:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> list[StreamEvent]:
+    def start(self) -> list[Event]:
         """``response.created`` (and ``response.queued`` for a queued response), then
         ``response.in_progress`` unless the response is queued."""
         if self._started:
             raise IllegalTransition("response already started")
         self._started = True
-        events = [ResponseCreated(sequence_number=self._next(), response=self._response)]
+        events = [self._event(ResponseCreated, sequence_number=self._next(), response=self._response)]
         if self._response.status == "queued":
-            events.append(ResponseQueued(sequence_number=self._next(), response=self._response))
+            events.append(self._event(ResponseQueued, sequence_number=self._next(), response=self._response))
         else:
-            events.append(ResponseInProgress(sequence_number=self._next(), response=self._response))
+            events.append(self._event(ResponseInProgress, sequence_number=self._next(), response=self._response))
         return events
 
-    def begin(self) -> list[StreamEvent]:
+    def begin(self) -> list[Event]:
         """A queued response starts running: ``response.in_progress``."""
         self._require_running(queued_ok=True)
         self._move("in_progress")
-        return [ResponseInProgress(sequence_number=self._next(), response=self._response)]
+        return [self._event(ResponseInProgress, sequence_number=self._next(), response=self._response)]
 
     def _require_running(self, *, queued_ok: bool = False) -> None:
         if not self._started:
@@ -225,7 +272,7 @@ class ResponseBuilder:
 
     # ------------------------------------------------------------ deltas
 
-    def feed(self, delta: Delta) -> list[StreamEvent]:
+    def feed(self, delta: Delta) -> list[Event]:
         """Apply one backend delta. ``Finish`` ends the response (see :meth:`finish`)."""
         if isinstance(delta, TextDelta):
             return self._text(delta)
@@ -237,27 +284,27 @@ class ResponseBuilder:
             return self.finish(delta.reason, delta.usage)
         raise TypeError(f"not a delta: {delta!r}")
 
-    def _text(self, delta: TextDelta) -> list[StreamEvent]:
+    def _text(self, delta: TextDelta) -> list[Event]:
         if not self._logprobs:
             return self._stream_text("message", self._open_message, OutputTextDelta, delta.text)
         return self._stream_text("message", self._open_message, OutputTextDelta, delta.text, delta.logprobs)
 
-    def _reasoning(self, text: str) -> list[StreamEvent]:
+    def _reasoning(self, text: str) -> list[Event]:
         return self._stream_text("reasoning", self._open_reasoning, ReasoningDeltaEvent, text)
 
     def _stream_text(
         self,
         kind: str,
-        open_item: Callable[[], list[StreamEvent]],
+        open_item: Callable[[], list[Event]],
         delta_event: type[OutputTextDelta] | type[ReasoningDeltaEvent],
         text: str,
         logprobs: Sequence[TokenLogprob] | None = None,
-    ) -> list[StreamEvent]:
+    ) -> list[Event]:
         """Append ``text`` to the open item of ``kind`` (its content part 0), opening one
         first (and closing any other) when needed. ``logprobs`` (a message's, only when
         asked) go on the delta event and into the item's list."""
         self._require_running()
-        events: list[StreamEvent] = []
+        events: list[Event] = []
         item = self._open
         if item is None or item.kind != kind:
             events += self._close_open("completed")
@@ -273,21 +320,20 @@ class ResponseBuilder:
                 extra["logprobs"] = carried
         if text:
             item.chunks.append(text)
-            events.append(
-                delta_event(
-                    sequence_number=self._next(),
-                    item_id=item.item_id,
-                    output_index=item.output_index,
-                    content_index=0,
-                    delta=text,
-                    **extra,
-                )
-            )
+            events.append(self._event(
+                delta_event,
+                sequence_number=self._next(),
+                item_id=item.item_id,
+                output_index=item.output_index,
+                content_index=0,
+                delta=text,
+                **extra,
+            ))
         return events
 
-    def _tool_call(self, delta: ToolCallDelta) -> list[StreamEvent]:
+    def _tool_call(self, delta: ToolCallDelta) -> list[Event]:
         self._require_running()
-        events: list[StreamEvent] = []
+        events: list[Event] = []
         item = self._open
         if item is None or item.kind != "function_call" or item.tool_index != delta.index:
             if delta.index in self._closed_tool_indexes:
@@ -302,14 +348,13 @@ class ResponseBuilder:
             item.chunks.append(delta.arguments)
             if item.custom:
                 return events
-            events.append(
-                FunctionCallArgumentsDelta(
-                    sequence_number=self._next(),
-                    item_id=item.item_id,
-                    output_index=item.output_index,
-                    delta=delta.arguments,
-                )
-            )
+            events.append(self._event(
+                FunctionCallArgumentsDelta,
+                sequence_number=self._next(),
+                item_id=item.item_id,
+                output_index=item.output_index,
+                delta=delta.arguments,
+            ))
         return events
 
     # ------------------------------------------------------------ opening items
@@ -317,9 +362,11 @@ class ResponseBuilder:
     def _next_index(self) -> int:
         return len(self._output)
 
-    def _open_message(self) -> list[StreamEvent]:
+    def _open_message(self) -> list[Event]:
         item = _OpenItem("message", self._next_index(), ids.message_id())
         self._open = item
+        if self._quiet:
+            return self._unread(OutputItemAdded, ContentPartAdded)
         return [
             OutputItemAdded(
                 sequence_number=self._next(),
@@ -335,7 +382,7 @@ class ResponseBuilder:
             ),
         ]
 
-    def _open_function_call(self, tool_index: int, name: str) -> list[StreamEvent]:
+    def _open_function_call(self, tool_index: int, name: str) -> list[Event]:
         offered = self._offered.get(name)
         custom = offered is not None and offered.custom
         item = _OpenItem(
@@ -349,15 +396,19 @@ class ResponseBuilder:
             tool_index=tool_index,
         )
         self._open = item
+        if self._quiet:
+            return self._unread(OutputItemAdded)
         return [
             OutputItemAdded(
                 sequence_number=self._next(), output_index=item.output_index, item=_call_item(item, "", "in_progress")
             )
         ]
 
-    def _open_reasoning(self) -> list[StreamEvent]:
+    def _open_reasoning(self) -> list[Event]:
         item = _OpenItem("reasoning", self._next_index(), ids.reasoning_id())
         self._open = item
+        if self._quiet:
+            return self._unread(OutputItemAdded, ContentPartAdded)
         return [
             OutputItemAdded(
                 sequence_number=self._next(),
@@ -375,7 +426,7 @@ class ResponseBuilder:
 
     # ------------------------------------------------------------ closing items
 
-    def _close_open(self, status: str) -> list[StreamEvent]:
+    def _close_open(self, status: str) -> list[Event]:
         item = self._open
         if item is None:
             return []
@@ -388,34 +439,35 @@ class ResponseBuilder:
             return self._close_function_call(item, text, status)
         return self._close_reasoning(item, text, status)
 
-    def _close_message(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
+    def _close_message(self, item: _OpenItem, text: str, status: str) -> list[Event]:
         part = self._output_text(item, text)
         final = Message(id=item.item_id, status=status, role="assistant", content=[part])  # type: ignore[arg-type]
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
-            OutputTextDone(sequence_number=self._next(), text=text, logprobs=part.logprobs, **common),  # type: ignore[arg-type]
-            ContentPartDone(sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
-            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
+            self._event(OutputTextDone, sequence_number=self._next(), text=text, logprobs=part.logprobs, **common),  # type: ignore[arg-type]
+            self._event(ContentPartDone, sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
+            self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
     def _output_text(self, item: _OpenItem, text: str) -> OutputText:
         """A message's final part; logprobs that never got text are left out."""
         return OutputText(text=text, logprobs=list(item.logprobs) if self._logprobs else None)
 
-    def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[StreamEvent]:
+    def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[Event]:
         final = _call_item(item, arguments, status)
         self._output.append(final)
         if item.custom:
-            return [OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final)]
+            return [self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final)]
         return [
-            FunctionCallArgumentsDone(
+            self._event(
+                FunctionCallArgumentsDone,
                 sequence_number=self._next(), item_id=item.item_id, output_index=item.output_index, arguments=arguments
             ),
-            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
+            self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
-    def _close_reasoning(self, item: _OpenItem, text: str, status: str) -> list[StreamEvent]:
+    def _close_reasoning(self, item: _OpenItem, text: str, status: str) -> list[Event]:
         part = ReasoningText(text=text)
         sealed = self._seal_reasoning(text) if self._seal_reasoning is not None else None
         final = Reasoning(
@@ -428,14 +480,14 @@ class ResponseBuilder:
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
-            ReasoningDone(sequence_number=self._next(), text=text, **common),  # type: ignore[arg-type]
-            ContentPartDone(sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
-            OutputItemDone(sequence_number=self._next(), output_index=item.output_index, item=final),
+            self._event(ReasoningDone, sequence_number=self._next(), text=text, **common),  # type: ignore[arg-type]
+            self._event(ContentPartDone, sequence_number=self._next(), part=part, **common),  # type: ignore[arg-type]
+            self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
     # ------------------------------------------------------------ terminal events
 
-    def finish(self, reason: FinishReason, usage: BackendUsage | None = None) -> list[StreamEvent]:
+    def finish(self, reason: FinishReason, usage: BackendUsage | None = None) -> list[Event]:
         """The backend finished. ``length`` and ``content_filter`` close the open item as
         ``incomplete`` and end the response ``incomplete``; anything else completes it.
         A response that produced nothing still gets one (empty) assistant message, so
@@ -444,15 +496,15 @@ class ResponseBuilder:
         if incomplete_reason:
             return self.stop(incomplete_reason, usage)
         self._require_running()
-        events: list[StreamEvent] = []
+        events: list[Event] = []
         if self._open is None and not self._output:
             events += self._open_message()
         events += self._close_open("completed")
         self._move("completed", output=list(self._output), usage=_usage(usage), completed_at=int(self._clock()))
-        events.append(ResponseCompleted(sequence_number=self._next(), response=self._response))
+        events.append(self._event(ResponseCompleted, sequence_number=self._next(), response=self._response))
         return events
 
-    def stop(self, reason: str, usage: BackendUsage | None = None, *, status: str = "incomplete") -> list[StreamEvent]:
+    def stop(self, reason: str, usage: BackendUsage | None = None, *, status: str = "incomplete") -> list[Event]:
         """End early: the open item is closed ``incomplete`` and the response ends with
         ``response.incomplete`` carrying ``incomplete_details.reason``. ``status`` is
         ``incomplete``, or ``cancelled`` for a response stopped at the client's request
@@ -466,10 +518,10 @@ class ResponseBuilder:
             # a cancelled response is not "incomplete": its details stay null, as OpenAI's do
             incomplete_details=IncompleteDetails(reason=reason) if status == "incomplete" else None,
         )
-        events.append(ResponseIncomplete(sequence_number=self._next(), response=self._response))
+        events.append(self._event(ResponseIncomplete, sequence_number=self._next(), response=self._response))
         return events
 
-    def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
+    def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[Event]:
         """The response failed after it started: the ``error`` event (unless disabled),
         then ``response.failed``. An item that was still streaming is not closed with
         events (only a budget stop may close an item ``incomplete``); it appears in the
@@ -477,20 +529,20 @@ class ResponseBuilder:
         ever marked completed and nothing streamed is lost."""
         if not self._started:
             raise IllegalTransition("a response that never started cannot fail with events")
-        events: list[StreamEvent] = []
+        events: list[Event] = []
         partial = self._abandon_open()
         if self._error_events:
-            events.append(ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload())))
+            events.append(self._event(ErrorEvent, sequence_number=self._next(), error=ErrorPayload(**error.payload())))
         self._move(
             "failed",
             output=[*self._output, *partial],
             usage=_usage(usage),
             error=ResponseError(**error.response_error()),
         )
-        events.append(ResponseFailed(sequence_number=self._next(), response=self._response))
+        events.append(self._event(ResponseFailed, sequence_number=self._next(), response=self._response))
         return events
 
-    def unrecorded(self, error: ORSError) -> list[StreamEvent]:
+    def unrecorded(self, error: ORSError) -> list[Event]:
         """The end of a ``completed`` response could not be recorded, and its terminal
         event was not sent: that event is taken back (its sequence number is given
         again), and the response fails with ``error`` instead (the ``error`` event unless
@@ -502,13 +554,13 @@ class ResponseBuilder:
         if self._response.status != "completed":
             raise IllegalTransition(f"a {self._response.status} response's end is not taken back")
         self._sequence -= 1
-        events: list[StreamEvent] = []
+        events: list[Event] = []
         if self._error_events:
-            events.append(ErrorEvent(sequence_number=self._next(), error=ErrorPayload(**error.payload())))
+            events.append(self._event(ErrorEvent, sequence_number=self._next(), error=ErrorPayload(**error.payload())))
         self._response = self._response.model_copy(update={
             "status": "failed", "error": ResponseError(**error.response_error()), "completed_at": None,
         })
-        events.append(ResponseFailed(sequence_number=self._next(), response=self._response))
+        events.append(self._event(ResponseFailed, sequence_number=self._next(), response=self._response))
         return events
 
     def _abandon_open(self) -> list[OutputItem]:
@@ -525,7 +577,7 @@ class ResponseBuilder:
             return [_call_item(item, text, "incomplete")]
         return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)], status="incomplete")]
 
-    def cancel(self) -> list[StreamEvent]:
+    def cancel(self) -> list[Event]:
         """Stop at the client's request (background cancel): ``cancelled``."""
         return self.stop("cancelled", status="cancelled")
 

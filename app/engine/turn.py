@@ -64,12 +64,12 @@ from typing import Any
 import anyio
 
 from app.backends.base import Backend, GenerationRequest
-from app.engine.builder import ResponseBuilder
+from app.engine.builder import Event, ResponseBuilder
 from app.engine.output_format import enforce_output_format
 from app.engine.tools import enforce_tool_policy
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
-from app.protocol.events import RESPONSE_EVENTS, StreamEvent
+from app.protocol.events import RESPONSE_EVENTS
 from app.protocol.responses import (
     CreateResponseBody,
     ResponseResource,
@@ -424,7 +424,7 @@ class Turn:
             return True
         return self.builder.finished and (self.store is None or self._recorded_end)
 
-    def _next_events(self, got: object) -> list[StreamEvent]:
+    def _next_events(self, got: object) -> list[Event]:
         builder = self.builder
         try:
             if isinstance(got, _Cancelled):
@@ -489,7 +489,7 @@ class Turn:
                 self._tell_first_put()
             await stream.aclose()  # type: ignore[attr-defined]
 
-    def _emit(self, event: StreamEvent) -> Emitted:
+    def _emit(self, event: Event) -> Emitted:
         if not self._serialize:
             data = ""
         elif type(event) in RESPONSE_EVENTS:  # the response's JSON, made once per snapshot
@@ -673,7 +673,7 @@ class Turn:
         response nobody can see before it ends: a plain JSON answer, whose id is first
         given out with the response itself. Call before the turn runs."""
         self._defer = True
-        self._serialize = False  # its events are still made (every state machine runs)
+        self._unread()
 
     def answer_whole(self) -> None:
         """Nobody sees this turn's output before it ends (a plain JSON answer): the
@@ -682,11 +682,16 @@ class Turn:
         self.request = dataclasses.replace(self.request, incremental=False)
 
     def unread(self) -> None:
-        """Nobody will read this turn's events (a JSON answer that is not stored): they
-        are still made, so every state machine runs, but not serialized. Call before the
-        turn runs."""
+        """Nobody will read this turn's events (a JSON answer that is not stored). Call
+        before the turn runs."""
         if self.store is None:
-            self._serialize = False
+            self._unread()
+
+    def _unread(self) -> None:
+        """Keep no events: the builder's are stand-ins (every state machine still runs,
+        :meth:`ResponseBuilder.quiet`), and none is serialized."""
+        self._serialize = False
+        self.builder.quiet()
 
     async def discard(self) -> None:
         """End a turn that was opened but never driven (its client left before the

@@ -218,3 +218,70 @@ def test_only_a_completed_end_can_be_taken_back() -> None:
     builder.fail(ModelError("the model failed"))
     with pytest.raises(IllegalTransition):
         builder.unrecorded(StoreUnavailable("x"))  # failed already: nothing better to say
+
+
+# ---------------------------------------------------------------- a quiet builder
+
+
+_ENDINGS = {
+    "completed": (ReasoningDelta("hmm"), TextDelta("Let me check."), ToolCallDelta(0, name="a", arguments='{"x":'),
+                  ToolCallDelta(0, arguments="1}"), ToolCallDelta(1, name="b", arguments="{}"),
+                  Finish("tool_calls", Usage(10, 5))),
+    "incomplete": (TextDelta("abc"), Finish("length", Usage(3, 1))),
+    "empty": (Finish("stop"),),
+}
+
+
+def _ids_blanked(value: object) -> object:
+    """``value`` with every id (random) replaced by its prefix, so two runs compare."""
+    if isinstance(value, dict):
+        return {key: (item.split("_")[0] if key in ("id", "call_id") else _ids_blanked(item))
+                for key, item in value.items() if key not in ("created_at", "completed_at")}
+    if isinstance(value, list):
+        return [_ids_blanked(item) for item in value]
+    return value
+
+
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+def test_a_quiet_builder_gives_the_same_events_and_response_without_their_models(ending: str) -> None:
+    loud, quiet = _builder(), _builder()
+    quiet.quiet()
+    wire = _run(loud, *_ENDINGS[ending])
+    events = quiet.start()
+    for delta in _ENDINGS[ending]:
+        events += quiet.feed(delta)
+    assert [type(event).__name__ for event in events] == ["Unread"] * len(wire)
+    assert [(event.type, event.sequence_number) for event in events] == [
+        (event["type"], event["sequence_number"]) for event in wire]
+    check_stream([*wire, "[DONE]"])
+    assert _ids_blanked(json.loads(quiet.response.model_dump_json())) == _ids_blanked(
+        json.loads(loud.response.model_dump_json()))
+
+
+def test_a_quiet_builder_fails_and_takes_back_an_end_as_any_other() -> None:
+    loud, quiet = _builder(), _builder()
+    quiet.quiet()
+    wire = loud.start() + loud.feed(TextDelta("kept")) + loud.feed(Finish("stop"))
+    events = quiet.start() + quiet.feed(TextDelta("kept")) + quiet.feed(Finish("stop"))
+    wire += loud.unrecorded(StoreUnavailable("The response store cannot be reached."))
+    events += quiet.unrecorded(StoreUnavailable("The response store cannot be reached."))
+    assert [(event.type, event.sequence_number) for event in events] == [
+        (event.type, event.sequence_number) for event in wire]
+    assert quiet.response.status == "failed" and quiet.response.error is not None
+    assert quiet.response.error.code == "store_unavailable"
+
+
+@pytest.mark.parametrize(
+    "moves",
+    [
+        lambda b: (b.start(), b.quiet()),
+        lambda b: (b.quiet(), b.start(), b.feed(Finish("stop")), b.feed(TextDelta("after the end"))),
+        lambda b: (b.quiet(), b.start(), b.feed(ToolCallDelta(0, arguments="{}"))),
+        lambda b: (b.quiet(), b.start(), b.feed(ToolCallDelta(0, name="a")), b.feed(ToolCallDelta(1, name="b")),
+                   b.feed(ToolCallDelta(0, arguments="{}"))),
+    ],
+    ids=["quiet-after-start", "after-the-end", "call-without-name", "call-continued-after-close"],
+)
+def test_a_quiet_builder_refuses_what_any_builder_refuses(moves) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(IllegalTransition):
+        moves(_builder())

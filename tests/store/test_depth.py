@@ -1,10 +1,12 @@
 """A continuation writes only its new items, and rebuilding its context is a fixed number
-of statements: the store's cost of turn 200 stays close to that of turn 2.
+of statements, whatever the depth of the chain.
 
 Printed (run with ``-s``): per turn, the time to rebuild the context (``chain`` of the
 previous response) and to record the turn (``begin`` + ``finish``), as medians of the
 first and last ten turns. Recording is flat; the rebuild grows only with the bytes it
-must return (every item of the chain), not with the number of statements.
+must return (every item of the chain), not with the number of statements. The times are
+printed, not held to a bound: on a loaded machine they say more about the load (what a
+chain's turn 1,000 costs against its turn 2 is measured by ``make bench``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
-async def test_turn_200_costs_about_what_turn_2_costs(store: SqlResponseStore, tenant: str) -> None:
+async def test_turn_200_runs_what_turn_2_runs(store: SqlResponseStore, tenant: str) -> None:
     statements: list[str] = []
     event.listen(store.statement_engine, "before_cursor_execute",
                  lambda conn, cursor, statement, *rest: statements.append(statement))
@@ -68,6 +70,4 @@ async def test_turn_200_costs_about_what_turn_2_costs(store: SqlResponseStore, t
           f"begin+finish {ms(early(record))} -> {ms(late(record))}; "
           f"statements per chain(): {chain_statements[0]} at depth 1, {chain_statements[-1]} at depth {DEPTH - 1}")
     assert len(set(chain_statements)) == 1, chain_statements
-    assert late(total) < 10 * early(total) + 0.005
-    assert late(record) < 5 * early(record) + 0.005
     assert await row_count(store, "items") == 2 * DEPTH

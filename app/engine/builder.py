@@ -605,15 +605,22 @@ def _finite(logprob: float) -> float:
     return logprob if math.isfinite(logprob) else _FLOOR
 
 
+_NONE_CACHED = InputTokensDetails(cached_tokens=0)
+_NO_REASONING_TOKENS = OutputTokensDetails(reasoning_tokens=0)
+"""The details of most usages: one each for every response (wire objects are never
+changed once made)."""
+
+
 def _usage(usage: BackendUsage | None) -> Usage | None:
     if usage is None:
         return None
+    cached, reasoning = usage.cached_tokens, usage.reasoning_tokens
     return Usage(
         input_tokens=usage.input_tokens,
         output_tokens=usage.output_tokens,
         total_tokens=usage.input_tokens + usage.output_tokens,
-        input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
-        output_tokens_details=OutputTokensDetails(reasoning_tokens=usage.reasoning_tokens),
+        input_tokens_details=InputTokensDetails(cached_tokens=cached) if cached else _NONE_CACHED,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=reasoning) if reasoning else _NO_REASONING_TOKENS,
     )
 
 

@@ -40,8 +40,16 @@ def echo_tool_choice(body: CreateResponseBody) -> ToolChoice:
     return choice
 
 
+_PLAIN_TEXT = TextField(format=TextFormatText(), verbosity=None)
+_NO_REASONING = ReasoningConfig(effort=None, summary=None)
+"""The echoes of a request that sets no ``text`` or no ``reasoning`` (most requests): one
+each for every response, as wire objects are never changed once made."""
+
+
 def echo_text(body: CreateResponseBody) -> TextField:
     text = body.text
+    if text is None:
+        return _PLAIN_TEXT
     fmt = text.format if text is not None else None
     wire_format: TextFormatText | TextFormatJsonObject | TextFormatJsonSchema
     if isinstance(fmt, TextFormatJsonSchemaParam):
@@ -58,7 +66,7 @@ def echo_text(body: CreateResponseBody) -> TextField:
 def echo_reasoning(body: CreateResponseBody) -> ReasoningConfig:
     reasoning = body.reasoning
     if reasoning is None:
-        return ReasoningConfig(effort=None, summary=None)
+        return _NO_REASONING
     return ReasoningConfig(effort=reasoning.effort, summary=reasoning.summary or reasoning.generate_summary)
 
 

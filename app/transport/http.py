@@ -341,10 +341,8 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
 
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_SECONDS, start_watching)
     try:
-        async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
-            async for _ in batches:
-                pass
-        return turn.response
+        with live.tracking(turn):
+            return await turn.run()
     except asyncio.CancelledError:
         if not left or current.uncancel() > 0:
             raise

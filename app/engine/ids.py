@@ -2,7 +2,7 @@
 
 Ordered by time, as UUIDv7 is: 12 hex characters of the milliseconds since the Unix
 epoch, then 24 random ones (96 bits). The store's indexes on ids (a response's id, its
-items' and events' ``response_id``, items' ids) then take each new row at their end, as
+items' and events' ``response_id``) then take each new row at their end, as
 they do a row number, instead of at a random place: a batch of stored responses writes
 the same few index pages instead of one page per index per response, and a checkpoint
 copies those few pages instead of about a thousand (see ARCHITECTURE.md for what it

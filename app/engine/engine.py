@@ -166,9 +166,13 @@ class Engine:
         tenant: str,
         history: HistorySource,
         error_events: bool = True,
+        whole_unless_streamed: bool = False,
     ) -> Turn:
         """Check the request (a decoded JSON body) and assemble the model's context; raise
-        before any stream.
+        before any stream. ``whole_unless_streamed``: a request that neither streams nor
+        runs in the background is answered as one document (a plain JSON answer over
+        HTTP), so nobody sees its output before it ends, and the backend may make it in
+        one piece (``GenerationRequest.incremental`` off).
 
         Order: the chain of ``previous_response_id`` is loaded, then the replay gate checks
         the input exactly as sent (so its reasons win over generic validation errors),
@@ -202,6 +206,7 @@ class Engine:
             output_format=_output_format(body),
             reasoning_effort=body.reasoning.effort if body.reasoning else None,
             cache_key=body.prompt_cache_key,
+            incremental=not whole_unless_streamed or bool(body.stream or body.background),
         )
         await backend.check(request)
         initial = initial_response(

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import enum
 import logging
 import time
@@ -674,12 +673,6 @@ class Turn:
         given out with the response itself. Call before the turn runs."""
         self._defer = True
         self._unread()
-
-    def answer_whole(self) -> None:
-        """Nobody sees this turn's output before it ends (a plain JSON answer): the
-        backend may make it in one piece (``GenerationRequest.incremental``). Call before
-        the turn runs."""
-        self.request = dataclasses.replace(self.request, incremental=False)
 
     def unread(self) -> None:
         """Nobody will read this turn's events (a JSON answer that is not stored). Call

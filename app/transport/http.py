@@ -140,6 +140,7 @@ async def create_response(request: Request) -> Response:
             await decode_body(await request.body(), engine.limits),
             tenant=tenant,
             history=history_for(engine, tenant),
+            whole_unless_streamed=True,  # a plain JSON answer: nobody sees its output before it ends
         )
     except BaseException:
         await lease.release()
@@ -163,7 +164,6 @@ async def create_response(request: Request) -> Response:
         return stream_turn(turn, drain, live, on_end=lease.release)
     turn.defer_recording()  # nobody knows its id before the answer: one write, at the end
     turn.unread()  # and unstored, nobody reads its events
-    turn.answer_whole()  # nor sees its output before it ends: no need to stream it
     async with lease:
         response = await _run_while_connected(request, turn, live)
     if response is None:  # the client left: nobody to answer

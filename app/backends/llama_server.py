@@ -64,6 +64,7 @@ from typing import Any
 
 import aiohttp
 
+from app import jsontext
 from app.backends import server_log
 from app.backends.chat_stream import sse_events
 from app.errors import InvalidRequest, ModelError, ModelUnavailable
@@ -548,7 +549,7 @@ class LlamaServer:
                             received = True
                             if event == "error":
                                 raise _error(500, data)
-                            chunk = json.loads(data)
+                            chunk = jsontext.loads(data)
                             if isinstance(chunk, dict) and "error" in chunk:
                                 raise _error(500, json.dumps(chunk["error"]))
                             yield chunk

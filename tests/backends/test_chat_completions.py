@@ -644,6 +644,22 @@ async def test_a_malformed_chunk_fails(backend: ChatCompletionsBackend, upstream
     assert failure.value.code == "upstream_error"
 
 
+async def test_chunks_are_read_as_the_standard_library_reads_them(
+    backend: ChatCompletionsBackend, upstream: ScriptedUpstream
+) -> None:
+    # chunks are read by pydantic-core's parser; one it refuses (a lone surrogate
+    # escape) is read by the standard library, as every chunk was before
+    model = upstream.stream(
+        'data: {"choices":[{"index":0,"delta":{"content":"caf\\u00e9 \\ud83d\\ude00"}}]}\n\n',
+        'data: {"choices":[{"index":0,"delta":{"content":" cut \\ud83d"}}]}\n\n',
+        chunk(finish_reason="stop"),
+        DONE,
+    )
+    deltas = await collect(backend, ask(model))
+    assert text_of(deltas) == "café 😀 cut \ud83d"
+    assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "stop"
+
+
 async def test_a_whole_completion_is_accepted_when_the_server_ignores_streaming(
     backend: ChatCompletionsBackend, upstream: ScriptedUpstream
 ) -> None:

@@ -37,6 +37,12 @@ item and snapshot of the response as any other, but each event it returns is an
 :class:`Unread` stand-in, its type and sequence number only, not its wire model (and the
 zero-value items of ``*.added`` events are not made): about half of the pydantic models a
 JSON answer made were events that were dropped unread.
+
+The event made per token, a text or reasoning delta without logprobs, is a
+:class:`TextDeltaEvent`: its fields, and its JSON written from them in the shape its wire
+model (:class:`~app.protocol.events.OutputTextDelta`, ``ReasoningDelta``) serializes to,
+which a test holds it to for any text. Making and dumping the validated model took 2.9 µs
+a token, the stand-in 0.4 µs. A delta with logprobs is the wire model.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic_core import to_json
 
 from app.backends.base import (
     Delta,
@@ -106,8 +114,28 @@ class Unread:
     sequence_number: int
 
 
-Event = StreamEvent | Unread
-"""What the builder's methods return: wire events, or a quiet builder's stand-ins."""
+@dataclass(frozen=True, slots=True)
+class TextDeltaEvent:
+    """A text or reasoning delta without logprobs, and its JSON (see the module
+    docstring): what the wire model of its ``type`` serializes to, the text escaped by
+    pydantic-core as every event's is (a lone surrogate raises as it does there)."""
+
+    type: str
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+    def model_dump_json(self) -> str:
+        return (f'{{"type":"{self.type}","sequence_number":{self.sequence_number},'
+                f'"item_id":{to_json(self.item_id).decode()},"output_index":{self.output_index},'
+                f'"content_index":{self.content_index},"delta":{to_json(self.delta).decode()}}}')
+
+
+Event = StreamEvent | Unread | TextDeltaEvent
+"""What the builder's methods return: wire events, a quiet builder's stand-ins, or the
+deltas of text made without a wire model."""
 
 _TYPES: dict[type[StreamEvent], str] = {
     kind: kind.model_fields["type"].default
@@ -320,6 +348,10 @@ class ResponseBuilder:
                 extra["logprobs"] = carried
         if text:
             item.chunks.append(text)
+            if not extra and not self._quiet:  # per token: no wire model made (module docstring)
+                events.append(TextDeltaEvent(_TYPES[delta_event], self._next(), item.item_id, item.output_index, 0,
+                                             text))
+                return events
             events.append(self._event(
                 delta_event,
                 sequence_number=self._next(),

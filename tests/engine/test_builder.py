@@ -4,13 +4,17 @@ illegal moves raise at once."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
+from pydantic_core import PydanticSerializationError
 
 from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
-from app.engine.builder import IllegalTransition, ResponseBuilder
+from app.engine.builder import IllegalTransition, ResponseBuilder, TextDeltaEvent
 from app.engine.echo import initial_response
 from app.errors import ModelError, StoreUnavailable
+from app.protocol.events import OutputTextDelta
+from app.protocol.events import ReasoningDelta as ReasoningDeltaEvent
 from app.protocol.responses import CreateResponseBody
 from compliance import check_stream
 
@@ -285,3 +289,48 @@ def test_a_quiet_builder_fails_and_takes_back_an_end_as_any_other() -> None:
 def test_a_quiet_builder_refuses_what_any_builder_refuses(moves) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(IllegalTransition):
         moves(_builder())
+
+
+def _random_text(rng: random.Random) -> str:
+    """Text of every kind a model sends: ASCII, quotes and backslashes, control
+    characters, the line separators JSON keeps raw, accents, CJK, emoji."""
+    pools = [(0x20, 0x7E), (0x00, 0x1F), (0x7F, 0xA0), (0xA1, 0x2FF), (0x2028, 0x2029), (0x4E00, 0x4FFF),
+             (0x1F600, 0x1F64F), (0xE000, 0xE0FF), (0xFFF0, 0xFFFF)]
+    chars = []
+    for _ in range(rng.randint(0, 12)):
+        low, high = rng.choice(pools)
+        chars.append(chr(rng.randint(low, high)))
+    return "".join(chars) + rng.choice(["", '"', "\\", "\n", "\t", "</script>"])
+
+
+@pytest.mark.parametrize("wire", [OutputTextDelta, ReasoningDeltaEvent])
+def test_a_text_delta_is_written_as_its_wire_model_writes_it(wire: type) -> None:
+    rng = random.Random(11)
+    kind = wire.model_fields["type"].default
+    for _ in range(3000):
+        fields = {"sequence_number": rng.randint(0, 10**6), "item_id": f"msg_{rng.getrandbits(128):032x}",
+                  "output_index": rng.randint(0, 300), "content_index": rng.randint(0, 3), "delta": _random_text(rng)}
+        made = TextDeltaEvent(kind, **fields)
+        assert made.model_dump_json() == wire(**fields).model_dump_json()
+        assert json.loads(made.model_dump_json()) == {"type": kind, **fields}
+
+
+def test_a_text_delta_with_a_lone_surrogate_fails_as_its_wire_model_does() -> None:
+    fields = {"sequence_number": 1, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "cut \ud83d"}
+    with pytest.raises(PydanticSerializationError):
+        OutputTextDelta(**fields).model_dump_json()
+    with pytest.raises(PydanticSerializationError):
+        TextDeltaEvent("response.output_text.delta", **fields).model_dump_json()
+
+
+def test_deltas_without_logprobs_are_made_without_their_wire_model() -> None:
+    builder = _builder()
+    events = builder.start() + builder.feed(ReasoningDelta("hmm")) + builder.feed(TextDelta("a"))
+    deltas = [event for event in events if event.type.endswith(".delta")]
+    assert [type(event) for event in deltas] == [TextDeltaEvent, TextDeltaEvent]
+    assert [event.type for event in deltas] == ["response.reasoning.delta", "response.output_text.delta"]
+    with_logprobs = ResponseBuilder(
+        initial_response(CreateResponseBody.model_validate({"model": "m", "input": "hi"}), response_id="resp_t",
+                         model="m", status="in_progress"), logprobs=True)
+    events = with_logprobs.start() + with_logprobs.feed(TextDelta("a", (TokenLogprob("a", -0.5, ()),)))
+    assert type(events[-1]) is OutputTextDelta and events[-1].logprobs

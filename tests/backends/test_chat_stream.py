@@ -1,11 +1,14 @@
-"""The Chat Completions stream decoder on its own: how a finish is told."""
+"""The Chat Completions stream decoder on its own: how a finish is told, and how an
+event stream is cut into events, whatever its line breaks and however it arrives."""
 
 from __future__ import annotations
 
 import json
+import random
+import re
 
 from app.backends.base import Finish, Usage
-from app.backends.chat_stream import ChunkDecoder
+from app.backends.chat_stream import ChunkDecoder, SSEParser
 
 
 def _call_chunk(arguments: str, *, name: str | None = None, reason: str | None = None) -> str:
@@ -38,3 +41,45 @@ def test_without_a_budget_or_with_budget_left_a_broken_call_is_not_called_a_budg
     usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 5}})
     finish = _decode(ChunkDecoder(16), *events, usage)
     assert finish == Finish("tool_calls", Usage(input_tokens=9, output_tokens=5))
+
+
+def _reference_events(text: str) -> list[tuple[str, str]]:
+    """The SSE grammar read whole, line by line (CRLF, CR or LF), with the parser's two
+    departures: an ``error:`` line dispatches at once, pending data is dispatched at the end."""
+    events, event, data = [], "", []
+    for line in re.split(r"\r\n|\r|\n", text):
+        if not line:
+            if data:
+                events.append((event or "message", "\n".join(data)))
+            event, data = "", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+        elif name == "error":
+            events.append(("error", value))
+    if data:
+        events.append((event or "message", "\n".join(data)))
+    return events
+
+
+def test_an_event_stream_is_cut_as_the_grammar_says_whatever_its_line_breaks_and_pieces() -> None:
+    rng = random.Random(5)
+    lines = ['data: {"a": "b c"}', "data:{}", "data:  two spaces", "data", "data: ", "event: error", "event:",
+             ": ping", ":", "error: boom", "id: 7", "retry: 10", "", "", "data: \u2028 \u0085 é"]
+    for _ in range(2000):
+        breaks = rng.choice([["\n"], ["\r\n"], ["\r"], ["\n", "\r\n", "\r"]])
+        text = "".join(rng.choice(lines) + rng.choice(breaks) for _ in range(rng.randint(0, 12)))
+        if rng.random() < 0.2:
+            text += rng.choice(lines)  # a last line without its break
+        cuts = sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, rng.randint(0, 4))))
+        parser, events = SSEParser(), []
+        for start, end in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            events += parser.feed(text[start:end])
+        events += parser.feed("", final=True)
+        assert events == _reference_events(text), repr(text)

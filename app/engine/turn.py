@@ -27,8 +27,9 @@ backend and yields :class:`Emitted` events, each serialized exactly once. Its co
   The per-delta cost is one attribute read: no extra task, future or ``wait`` per token.
   A slow reader still sees the end only when it asks for its next event (an async
   generator cannot be resumed by anyone else); a background turn is read by its own task.
-* Storage (``store: true``): the response and its input items are recorded before the
-  first event is yielded, and its output and events when the terminal event is made.
+* Storage (``store: true``, what each write holds: :mod:`app.engine.recording`): the
+  response and its input items are recorded before the first event is yielded, and its
+  output and events when the terminal event is made.
   Nothing is written per delta. The pump starts before that first write, so the model
   works while the start is recorded (what it makes waits in the queue until the start is
   durable); if the write fails, the pump is cancelled and awaited before the error is
@@ -65,6 +66,7 @@ import anyio
 from app.backends.base import Backend, GenerationRequest
 from app.engine.builder import Event, ResponseBuilder
 from app.engine.output_format import enforce_output_format
+from app.engine.recording import Recording
 from app.engine.tools import enforce_tool_policy
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
@@ -73,8 +75,7 @@ from app.protocol.responses import (
     CreateResponseBody,
     ResponseResource,
 )
-from app.store.base import NewResponse, ResponseStore
-from app.store.schema import Serialized
+from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.turn")
 
@@ -168,8 +169,6 @@ class Turn:
         self._in_flight = in_flight
         self._counted = False
         self.metrics = metrics
-        self.on_recorded = on_recorded
-        """Called with the output items (stored form) once the end is written."""
         self.backend = backend
         self.request = request
         self.initial = initial
@@ -197,7 +196,6 @@ class Turn:
         self._queue: asyncio.Queue[object] | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._control: _Cancelled | _Interrupted | None = None
-        self._recorded_end = False
         self._unrecorded: ORSError | None = None
         """Why the end could not be recorded, if it could not."""
         self._started_at = 0.0
@@ -208,13 +206,13 @@ class Turn:
         self._first_put: asyncio.Future[None] | None = None
         """Resolved (on the loop's next turn) by the pump's first put, while :meth:`open`
         waits for the model."""
-        self._deferred: NewResponse | None = None
         self._defer = False
         self._serialize = True
         self._last_response_json: tuple[ResponseResource, str] | None = None
-        self.answer: str | None = None
-        """The final response's JSON once recorded (made once: the store and a JSON
-        answer share it)."""
+        self._recording = None if store is None else Recording(
+            store, tenant=tenant, response_id=initial.id, tools=tools, input_items=input_items,
+            json_of=self._response_json, on_recorded=on_recorded)
+        """What it writes (``store: true``; :mod:`app.engine.recording`)."""
 
     @property
     def id(self) -> str:
@@ -227,6 +225,12 @@ class Turn:
         nor continued on a WebSocket never needs them, and an agent's conversation sent
         whole is a hundred items or more."""
         return self._input_items()
+
+    @property
+    def answer(self) -> str | None:
+        """The final response's JSON once its end is recorded (made once: the store and a
+        JSON answer share it); ``None`` for a turn that is not stored."""
+        return None if self._recording is None else self._recording.answer
 
     @property
     def response(self) -> ResponseResource:
@@ -421,7 +425,7 @@ class Turn:
             return False  # running, or its failure is still to be raised
         if not began:
             return True
-        return self.builder.finished and (self.store is None or self._recorded_end)
+        return self.builder.finished and (self._recording is None or self._recording.end_written)
 
     def _next_events(self, got: object) -> list[Event]:
         builder = self.builder
@@ -700,33 +704,12 @@ class Turn:
     # ------------------------------------------------------------ storage
 
     async def _record_begin(self) -> None:
-        if self.store is None:
-            return
-        resource = self.builder.response
-        begun = NewResponse(
-            id=self.id,
-            tenant=self.tenant,
-            status=resource.status,
-            created_at=resource.created_at,
-            model=resource.model,
-            previous_response_id=resource.previous_response_id,
-            instructions=resource.instructions,
-            tools=self.tools,
-            # deferred: the end's replaces it
-            resource={} if self._defer else Serialized(self._response_json(resource), str(resource.status)),
-            input_items=self.input_items,
-            background=resource.background,
-        )
-        if self._defer:
-            self._deferred = begun  # written with the end, by _record_end
-            return
-        await self.store.begin(begun)
+        if self._recording is not None:  # deferred: written with the end, by _record_end
+            await self._recording.begin(self.builder.response, defer=self._defer)
 
     async def _record_status(self) -> None:
-        if self.store is not None:
-            resource = self.builder.response
-            await self.store.set_status(self.tenant, self.id, resource.status,
-                                        Serialized(self._response_json(resource), str(resource.status)))
+        if self._recording is not None:
+            await self._recording.status(self.builder.response)
 
     async def _settle(self) -> None:
         """Record the end (once) and mark the turn ended."""
@@ -734,7 +717,7 @@ class Turn:
         self._mark_ended()
 
     async def _record_end(self) -> None:
-        if self.store is None or self._recorded_end or not self.builder.finished:
+        if self._recording is None or self._recording.end_written or not self.builder.finished:
             return
         try:
             await self._write_end()
@@ -746,32 +729,19 @@ class Turn:
     async def _write_end(self) -> None:
         """Write the end (the whole response, if its start was not written); raises
         what the write raised."""
-        assert self.store is not None
-        self._recorded_end = True
-        resource = self.builder.response
-        self.answer = final = Serialized(self._response_json(resource), str(resource.status))
-        output = [item.model_dump(mode="json") for item in resource.output]
-        events = [emitted.data for emitted in self.emitted] if self._serialize else None
-        if self._deferred is not None:
-            written = await self.store.record(self._deferred, final, output, events)
-        else:
-            written = await self.store.finish(self.tenant, self.id, final, output, events)
-        if written and self.on_recorded is not None:
-            self.on_recorded(output)
+        assert self._recording is not None
+        await self._recording.end(self.builder.response, self._kept_events())
 
     async def _record_later(self) -> None:
         """The end the client was told (the failure that replaced an unrecorded end, or
         an end that stayed), handed to the store to write once it can
-        (:meth:`ResponseStore.finish_later`): the stored response then says so too,
-        instead of staying ``in_progress``. A response recorded only whole (a JSON
-        answer) has no row to end."""
-        if self.store is None or self._deferred is not None:
-            return
-        resource = self.builder.response
-        await self.store.finish_later(
-            self.tenant, self.id, Serialized(self._response_json(resource), str(resource.status)),
-            [item.model_dump(mode="json") for item in resource.output],
-            [emitted.data for emitted in self.emitted] if self._serialize else None)
+        (:meth:`Recording.end_later`)."""
+        if self._recording is not None:
+            await self._recording.end_later(self.builder.response, self._kept_events())
+
+    def _kept_events(self) -> list[str] | None:
+        """The events to store with the end; ``None`` when nobody reads them."""
+        return [emitted.data for emitted in self.emitted] if self._serialize else None
 
     def _fail_unrecorded(self, last: list[Emitted]) -> list[Emitted]:
         """The end was not recorded: a ``completed`` response's terminal event (the last

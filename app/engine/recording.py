@@ -1,0 +1,115 @@
+"""What a stored turn writes, and when: the store's side of a :class:`~app.engine.turn.Turn`.
+
+A turn with ``store: true`` has one :class:`Recording`. The turn decides when (its
+contract, in :mod:`app.engine.turn`); the recording knows what each write holds:
+
+* **The start** (:meth:`Recording.begin`): the response's row with its initial snapshot,
+  its tools and its input items (stored form, ids given), before the first event is
+  sent. A response recorded only whole (a plain JSON answer, a stored stream answered at
+  once) defers it: the start is kept and goes in with the end, in one transaction.
+* **A step between starts** (:meth:`Recording.status`): ``queued`` → ``in_progress``.
+* **The end** (:meth:`Recording.end`): the final snapshot, the output items and the
+  events (``None`` for a turn whose events nobody reads), before the terminal event is
+  sent. The final snapshot is serialized once (:attr:`Recording.answer`): the store
+  writes it and a JSON answer sends it. Once written, the output is handed to
+  ``on_recorded`` (the history kept for a continuation). The end is written once: a
+  second call is a bug of the caller, and :attr:`Recording.end_written` says it began.
+* **An end written later** (:meth:`Recording.end_later`): the end the client was told,
+  when it could not be written then (the store out of reach), handed to the store to
+  retry. A response recorded only whole has no row to end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from app.protocol.responses import ResponseResource
+from app.store.base import NewResponse, ResponseStore
+from app.store.schema import Serialized
+
+JSON = dict[str, Any]
+
+
+class Recording:
+    """The writes of one stored turn (see the module). ``input_items`` gives the request's
+    input items in stored form (made when first asked for); ``json_of`` serializes a
+    snapshot of the response (the turn's, which makes each snapshot's JSON once)."""
+
+    def __init__(
+        self,
+        store: ResponseStore,
+        *,
+        tenant: str,
+        response_id: str,
+        tools: list[JSON],
+        input_items: Callable[[], list[JSON]],
+        json_of: Callable[[ResponseResource], str],
+        on_recorded: Callable[[list[JSON]], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.response_id = response_id
+        self.tools = tools
+        self._input_items = input_items
+        self._json_of = json_of
+        self.on_recorded = on_recorded
+        """Called with the output items (stored form) once the end is written."""
+        self.deferred: NewResponse | None = None
+        """The start, kept to be written with the end (a response recorded only whole)."""
+        self.end_written = False
+        """The end's write began (whatever came of it)."""
+        self.answer: Serialized | None = None
+        """The final response's JSON once the end's write began (made once: the store
+        and a JSON answer share it)."""
+
+    def _document(self, resource: ResponseResource) -> Serialized:
+        return Serialized(self._json_of(resource), str(resource.status))
+
+    async def begin(self, resource: ResponseResource, *, defer: bool) -> None:
+        """Record the start, with ``resource`` the initial snapshot; with ``defer``, keep
+        it for the end instead (nothing is written now)."""
+        begun = NewResponse(
+            id=self.response_id,
+            tenant=self.tenant,
+            status=resource.status,
+            created_at=resource.created_at,
+            model=resource.model,
+            previous_response_id=resource.previous_response_id,
+            instructions=resource.instructions,
+            tools=self.tools,
+            resource={} if defer else self._document(resource),  # deferred: the end's replaces it
+            input_items=self._input_items(),
+            background=resource.background,
+        )
+        if defer:
+            self.deferred = begun
+            return
+        await self.store.begin(begun)
+
+    async def status(self, resource: ResponseResource) -> None:
+        """Record a step between starts (``resource`` in its new status)."""
+        await self.store.set_status(self.tenant, self.response_id, resource.status, self._document(resource))
+
+    async def end(self, resource: ResponseResource, events: list[str] | None) -> None:
+        """Write the end (the whole response, if its start was deferred); raises what
+        the write raised."""
+        self.end_written = True
+        self.answer = final = self._document(resource)
+        output = [item.model_dump(mode="json") for item in resource.output]
+        if self.deferred is not None:
+            written = await self.store.record(self.deferred, final, output, events)
+        else:
+            written = await self.store.finish(self.tenant, self.response_id, final, output, events)
+        if written and self.on_recorded is not None:
+            self.on_recorded(output)
+
+    async def end_later(self, resource: ResponseResource, events: list[str] | None) -> None:
+        """Hand the end the client was told to the store, to be written once it can
+        (:meth:`ResponseStore.finish_later`): the stored response then says so too,
+        instead of staying ``in_progress``. Nothing for a response recorded only whole,
+        which has no row to end."""
+        if self.deferred is not None:
+            return
+        await self.store.finish_later(self.tenant, self.response_id, self._document(resource),
+                                      [item.model_dump(mode="json") for item in resource.output], events)

@@ -1,0 +1,148 @@
+"""What a stored turn writes (``app.engine.recording``), against the real SQL store on
+SQLite: a start then an end, a start deferred to the end (one write), a step between
+starts, and an end handed over to be written later. (The turns that decide when each is
+written are tested in the other ``test_turn_*`` modules.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.backends.base import Finish, TextDelta, Usage
+from app.engine.builder import ResponseBuilder
+from app.engine.echo import initial_response
+from app.engine.recording import Recording
+from app.protocol.responses import CreateResponseBody, ResponseResource
+from app.store.engines import sqlite_url
+from app.store.sql import SqlResponseStore
+
+pytestmark = pytest.mark.anyio
+
+INPUT = [{"type": "message", "id": "msg_in", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
+TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqlResponseStore]:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+def _builder(response_id: str, status: str = "in_progress") -> ResponseBuilder:
+    body = CreateResponseBody.model_validate({"model": "m", "input": "hi"})
+    return ResponseBuilder(initial_response(body, response_id=response_id, model="m", status=status))
+
+
+def _finish(builder: ResponseBuilder) -> list[str]:
+    events = builder.start() + builder.feed(TextDelta("Hello")) + builder.feed(Finish("stop", Usage(3, 1)))
+    return [event.model_dump_json() for event in events]
+
+
+def _recording(store: SqlResponseStore, response_id: str, remembered: list[list[Any]] | None = None) -> Recording:
+    made: list[int] = []
+
+    def input_items() -> list[dict[str, Any]]:
+        made.append(1)
+        return INPUT
+
+    return Recording(store, tenant="t", response_id=response_id, tools=TOOLS, input_items=input_items,
+                     json_of=lambda resource: resource.model_dump_json(),
+                     on_recorded=None if remembered is None else remembered.append)
+
+
+async def test_a_start_then_an_end(store: SqlResponseStore) -> None:
+    builder = _builder("resp_a")
+    remembered: list[list[Any]] = []
+    recording = _recording(store, "resp_a", remembered)
+    await recording.begin(builder.response, defer=False)
+    started = await store.get("t", "resp_a")
+    assert started is not None and started.status == "in_progress" and started.tools == TOOLS
+    assert recording.answer is None and not recording.end_written
+
+    events = _finish(builder)
+    await recording.end(builder.response, events)
+    assert recording.end_written
+    assert recording.answer is not None
+    assert ResponseResource.model_validate_json(recording.answer) == builder.response
+    ended = await store.get("t", "resp_a")
+    assert ended is not None and ended.status == "completed"
+    assert ended.resource == json.loads(recording.answer)
+    assert await store.events("t", "resp_a") == events
+    page = await store.input_items("t", "resp_a", limit=10, order="asc", after=None)
+    assert page is not None and [item["id"] for item in page.data] == ["msg_in"]
+    assert remembered == [[item.model_dump(mode="json") for item in builder.response.output]]
+
+
+async def test_a_deferred_start_is_written_with_the_end_in_one_write(
+    store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes: list[str] = []
+    for name in ("begin", "finish", "record"):
+        real = getattr(store, name)
+
+        async def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            writes.append(_name)
+            return await _real(*args, **kwargs)
+
+        monkeypatch.setattr(store, name, counted)
+    builder = _builder("resp_b")
+    recording = _recording(store, "resp_b")
+    await recording.begin(builder.response, defer=True)
+    assert await store.get("t", "resp_b") is None  # nothing written yet
+    _finish(builder)
+    await recording.end(builder.response, None)  # a JSON answer keeps no events
+    assert writes == ["record"]
+    stored = await store.get("t", "resp_b")
+    assert stored is not None and stored.status == "completed"
+    assert await store.events("t", "resp_b") is None
+    page = await store.input_items("t", "resp_b", limit=10, order="asc", after=None)
+    assert page is not None and [item["id"] for item in page.data] == ["msg_in"]
+
+
+async def test_a_step_between_starts_is_recorded(store: SqlResponseStore) -> None:
+    builder = _builder("resp_c", status="queued")
+    recording = _recording(store, "resp_c")
+    await recording.begin(builder.response, defer=False)
+    builder.start()
+    builder.begin()
+    await recording.status(builder.response)
+    stored = await store.get("t", "resp_c")
+    assert stored is not None and stored.status == "in_progress" and stored.resource["status"] == "in_progress"
+
+
+async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
+    store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("app.store.sql.LATE_END_RETRY_SECONDS", 0.05)
+    builder = _builder("resp_d")
+    recording = _recording(store, "resp_d")
+    await recording.begin(builder.response, defer=False)
+    _finish(builder)
+    await recording.end_later(builder.response, None)
+    for _ in range(100):  # the store's own retry writes it
+        stored = await store.get("t", "resp_d")
+        assert stored is not None
+        if stored.status == "completed":
+            break
+        await asyncio.sleep(0.05)
+    assert stored.status == "completed" and stored.resource["output"][0]["content"][0]["text"] == "Hello"
+
+    whole = _builder("resp_e")
+    deferred = _recording(store, "resp_e")
+    await deferred.begin(whole.response, defer=True)
+    _finish(whole)
+    caplog.set_level(logging.INFO, logger="ors.store")
+    await deferred.end_later(whole.response, None)  # no row to end: nothing is handed over
+    await asyncio.sleep(0.2)
+    assert await store.get("t", "resp_e") is None
+    assert "resp_e" not in caplog.text  # the store was given no late end to try

@@ -33,8 +33,12 @@ JSON = dict[str, Any]
 
 class Recording:
     """The writes of one stored turn (see the module). ``input_items`` gives the request's
-    input items in stored form (made when first asked for); ``json_of`` serializes a
-    snapshot of the response (the turn's, which makes each snapshot's JSON once)."""
+    input items in stored form (made when first asked for). Each write is given the
+    snapshot's JSON by the turn, which makes each snapshot's JSON once. It holds nothing
+    of the turn: a turn that referred to itself through its recording would be freed
+    only by the cyclic collector, which ``ors serve`` runs rarely (``settle_heap``); a
+    recording that held the turn's own serializer cost stored streams about a tenth of
+    their throughput."""
 
     def __init__(
         self,
@@ -44,7 +48,6 @@ class Recording:
         response_id: str,
         tools: list[JSON],
         input_items: Callable[[], list[JSON]],
-        json_of: Callable[[ResponseResource], str],
         on_recorded: Callable[[list[JSON]], None] | None = None,
     ) -> None:
         self.store = store
@@ -52,7 +55,6 @@ class Recording:
         self.response_id = response_id
         self.tools = tools
         self._input_items = input_items
-        self._json_of = json_of
         self.on_recorded = on_recorded
         """Called with the output items (stored form) once the end is written."""
         self.deferred: NewResponse | None = None
@@ -63,12 +65,10 @@ class Recording:
         """The final response's JSON once the end's write began (made once: the store
         and a JSON answer share it)."""
 
-    def _document(self, resource: ResponseResource) -> Serialized:
-        return Serialized(self._json_of(resource), str(resource.status))
-
-    async def begin(self, resource: ResponseResource, *, defer: bool) -> None:
-        """Record the start, with ``resource`` the initial snapshot; with ``defer``, keep
-        it for the end instead (nothing is written now)."""
+    async def begin(self, resource: ResponseResource, resource_json: str | None) -> None:
+        """Record the start, with ``resource`` the initial snapshot and ``resource_json``
+        its JSON; without the JSON, keep the start for the end (deferred: nothing is
+        written now, and the end's snapshot replaces it)."""
         begun = NewResponse(
             id=self.response_id,
             tenant=self.tenant,
@@ -78,24 +78,25 @@ class Recording:
             previous_response_id=resource.previous_response_id,
             instructions=resource.instructions,
             tools=self.tools,
-            resource={} if defer else self._document(resource),  # deferred: the end's replaces it
+            resource={} if resource_json is None else Serialized(resource_json, str(resource.status)),
             input_items=self._input_items(),
             background=resource.background,
         )
-        if defer:
+        if resource_json is None:
             self.deferred = begun
             return
         await self.store.begin(begun)
 
-    async def status(self, resource: ResponseResource) -> None:
+    async def status(self, resource: ResponseResource, resource_json: str) -> None:
         """Record a step between starts (``resource`` in its new status)."""
-        await self.store.set_status(self.tenant, self.response_id, resource.status, self._document(resource))
+        await self.store.set_status(self.tenant, self.response_id, resource.status,
+                                    Serialized(resource_json, str(resource.status)))
 
-    async def end(self, resource: ResponseResource, events: list[str] | None) -> None:
+    async def end(self, resource: ResponseResource, resource_json: str, events: list[str] | None) -> None:
         """Write the end (the whole response, if its start was deferred); raises what
         the write raised."""
         self.end_written = True
-        self.answer = final = self._document(resource)
+        self.answer = final = Serialized(resource_json, str(resource.status))
         output = [item.model_dump(mode="json") for item in resource.output]
         if self.deferred is not None:
             written = await self.store.record(self.deferred, final, output, events)
@@ -104,12 +105,12 @@ class Recording:
         if written and self.on_recorded is not None:
             self.on_recorded(output)
 
-    async def end_later(self, resource: ResponseResource, events: list[str] | None) -> None:
+    async def end_later(self, resource: ResponseResource, resource_json: str, events: list[str] | None) -> None:
         """Hand the end the client was told to the store, to be written once it can
         (:meth:`ResponseStore.finish_later`): the stored response then says so too,
         instead of staying ``in_progress``. Nothing for a response recorded only whole,
         which has no row to end."""
         if self.deferred is not None:
             return
-        await self.store.finish_later(self.tenant, self.response_id, self._document(resource),
+        await self.store.finish_later(self.tenant, self.response_id, Serialized(resource_json, str(resource.status)),
                                       [item.model_dump(mode="json") for item in resource.output], events)

@@ -211,7 +211,7 @@ class Turn:
         self._last_response_json: tuple[ResponseResource, str] | None = None
         self._recording = None if store is None else Recording(
             store, tenant=tenant, response_id=initial.id, tools=tools, input_items=input_items,
-            json_of=self._response_json, on_recorded=on_recorded)
+            on_recorded=on_recorded)
         """What it writes (``store: true``; :mod:`app.engine.recording`)."""
 
     @property
@@ -705,11 +705,13 @@ class Turn:
 
     async def _record_begin(self) -> None:
         if self._recording is not None:  # deferred: written with the end, by _record_end
-            await self._recording.begin(self.builder.response, defer=self._defer)
+            resource = self.builder.response
+            await self._recording.begin(resource, None if self._defer else self._response_json(resource))
 
     async def _record_status(self) -> None:
         if self._recording is not None:
-            await self._recording.status(self.builder.response)
+            resource = self.builder.response
+            await self._recording.status(resource, self._response_json(resource))
 
     async def _settle(self) -> None:
         """Record the end (once) and mark the turn ended."""
@@ -730,14 +732,16 @@ class Turn:
         """Write the end (the whole response, if its start was not written); raises
         what the write raised."""
         assert self._recording is not None
-        await self._recording.end(self.builder.response, self._kept_events())
+        resource = self.builder.response
+        await self._recording.end(resource, self._response_json(resource), self._kept_events())
 
     async def _record_later(self) -> None:
         """The end the client was told (the failure that replaced an unrecorded end, or
         an end that stayed), handed to the store to write once it can
         (:meth:`Recording.end_later`)."""
         if self._recording is not None:
-            await self._recording.end_later(self.builder.response, self._kept_events())
+            resource = self.builder.response
+            await self._recording.end_later(resource, self._response_json(resource), self._kept_events())
 
     def _kept_events(self) -> list[str] | None:
         """The events to store with the end; ``None`` when nobody reads them."""

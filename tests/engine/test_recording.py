@@ -6,8 +6,10 @@ written are tested in the other ``test_turn_*`` modules.)"""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,8 +17,12 @@ from typing import Any
 import pytest
 
 from app.backends.base import Finish, TextDelta, Usage
+from app.backends.scripted import Script, ScriptedBackend, text_script
 from app.engine.builder import ResponseBuilder
 from app.engine.echo import initial_response
+from app.engine.engine import Engine
+from app.engine.history import NoHistory
+from app.engine.models import ModelRouter
 from app.engine.recording import Recording
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.store.engines import sqlite_url
@@ -56,21 +62,24 @@ def _recording(store: SqlResponseStore, response_id: str, remembered: list[list[
         return INPUT
 
     return Recording(store, tenant="t", response_id=response_id, tools=TOOLS, input_items=input_items,
-                     json_of=lambda resource: resource.model_dump_json(),
                      on_recorded=None if remembered is None else remembered.append)
+
+
+def _json(builder: ResponseBuilder) -> str:
+    return builder.response.model_dump_json()
 
 
 async def test_a_start_then_an_end(store: SqlResponseStore) -> None:
     builder = _builder("resp_a")
     remembered: list[list[Any]] = []
     recording = _recording(store, "resp_a", remembered)
-    await recording.begin(builder.response, defer=False)
+    await recording.begin(builder.response, _json(builder))
     started = await store.get("t", "resp_a")
     assert started is not None and started.status == "in_progress" and started.tools == TOOLS
     assert recording.answer is None and not recording.end_written
 
     events = _finish(builder)
-    await recording.end(builder.response, events)
+    await recording.end(builder.response, _json(builder), events)
     assert recording.end_written
     assert recording.answer is not None
     assert ResponseResource.model_validate_json(recording.answer) == builder.response
@@ -97,10 +106,10 @@ async def test_a_deferred_start_is_written_with_the_end_in_one_write(
         monkeypatch.setattr(store, name, counted)
     builder = _builder("resp_b")
     recording = _recording(store, "resp_b")
-    await recording.begin(builder.response, defer=True)
+    await recording.begin(builder.response, None)  # deferred
     assert await store.get("t", "resp_b") is None  # nothing written yet
     _finish(builder)
-    await recording.end(builder.response, None)  # a JSON answer keeps no events
+    await recording.end(builder.response, _json(builder), None)  # a JSON answer keeps no events
     assert writes == ["record"]
     stored = await store.get("t", "resp_b")
     assert stored is not None and stored.status == "completed"
@@ -112,10 +121,10 @@ async def test_a_deferred_start_is_written_with_the_end_in_one_write(
 async def test_a_step_between_starts_is_recorded(store: SqlResponseStore) -> None:
     builder = _builder("resp_c", status="queued")
     recording = _recording(store, "resp_c")
-    await recording.begin(builder.response, defer=False)
+    await recording.begin(builder.response, _json(builder))
     builder.start()
     builder.begin()
-    await recording.status(builder.response)
+    await recording.status(builder.response, _json(builder))
     stored = await store.get("t", "resp_c")
     assert stored is not None and stored.status == "in_progress" and stored.resource["status"] == "in_progress"
 
@@ -126,9 +135,9 @@ async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
     monkeypatch.setattr("app.store.sql.LATE_END_RETRY_SECONDS", 0.05)
     builder = _builder("resp_d")
     recording = _recording(store, "resp_d")
-    await recording.begin(builder.response, defer=False)
+    await recording.begin(builder.response, _json(builder))
     _finish(builder)
-    await recording.end_later(builder.response, None)
+    await recording.end_later(builder.response, _json(builder), None)
     for _ in range(100):  # the store's own retry writes it
         stored = await store.get("t", "resp_d")
         assert stored is not None
@@ -139,10 +148,32 @@ async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
 
     whole = _builder("resp_e")
     deferred = _recording(store, "resp_e")
-    await deferred.begin(whole.response, defer=True)
+    await deferred.begin(whole.response, None)
     _finish(whole)
     caplog.set_level(logging.INFO, logger="ors.store")
-    await deferred.end_later(whole.response, None)  # no row to end: nothing is handed over
+    await deferred.end_later(whole.response, _json(whole), None)  # no row to end: nothing is handed over
     await asyncio.sleep(0.2)
     assert await store.get("t", "resp_e") is None
     assert "resp_e" not in caplog.text  # the store was given no late end to try
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_stored_turn_is_freed_as_soon_as_it_is_let_go(store: SqlResponseStore, stream: bool) -> None:
+    """No reference cycle through the recording: a turn is freed by reference counting,
+    not left to the cyclic collector, which ``ors serve`` runs rarely. (A recording that
+    held the turn's own serializer kept every stored turn alive until a collection.)"""
+    engine = Engine(ModelRouter([ScriptedBackend({"m": Script(text_script("Hello"))})], "m"), store=store)
+    turn = await engine.prepare({"model": "m", "input": "Hi", "stream": stream}, tenant="t", history=NoHistory(),
+                                whole_unless_streamed=True)
+    if not stream:
+        turn.defer_recording()
+    await turn.open()
+    [batch async for batch in turn.batches()]
+    assert (await store.get("t", turn.id)) is not None
+    gone = weakref.ref(turn)
+    gc.disable()
+    try:
+        del turn
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -10,8 +10,6 @@ import gc
 import json
 import logging
 import weakref
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,23 +23,13 @@ from app.engine.history import NoHistory
 from app.engine.models import ModelRouter
 from app.engine.recording import Recording
 from app.protocol.responses import CreateResponseBody, ResponseResource
-from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
+from tests.engine.conftest import counted_writes
 
 pytestmark = pytest.mark.anyio
 
 INPUT = [{"type": "message", "id": "msg_in", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]
 TOOLS = [{"type": "function", "name": "f", "parameters": {"type": "object"}}]
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqlResponseStore]:
-    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
 
 
 def _builder(response_id: str, status: str = "in_progress") -> ResponseBuilder:
@@ -95,15 +83,7 @@ async def test_a_start_then_an_end(store: SqlResponseStore) -> None:
 async def test_a_deferred_start_is_written_with_the_end_in_one_write(
     store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    writes: list[str] = []
-    for name in ("begin", "finish", "record"):
-        real = getattr(store, name)
-
-        async def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            writes.append(_name)
-            return await _real(*args, **kwargs)
-
-        monkeypatch.setattr(store, name, counted)
+    writes = counted_writes(store, monkeypatch)
     builder = _builder("resp_b")
     recording = _recording(store, "resp_b")
     await recording.begin(builder.response, None)  # deferred

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +19,9 @@ from app.engine.history import History, HistorySource, NoHistory
 from app.engine.models import ModelRouter
 from app.engine.turn import ANSWERED_AT_ONCE_SECONDS, Turn, TurnPhase
 from app.errors import PreviousResponseNotFound, StoreUnavailable
-from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
 from compliance import check_stream
+from tests.engine.conftest import counted_writes
 
 pytestmark = pytest.mark.anyio
 
@@ -38,30 +36,6 @@ class _Fixed(HistorySource):
 
     async def load(self, response_id: str) -> History:
         return History()
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqlResponseStore]:
-    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-def _counted(store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the store's writes, in order, as the turn calls them."""
-    calls: list[str] = []
-    for name in ("begin", "finish", "record"):
-        real = getattr(store, name)
-
-        async def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            calls.append(_name)
-            return await _real(*args, **kwargs)
-
-        monkeypatch.setattr(store, name, counted)
-    return calls
 
 
 async def _turn(store: SqlResponseStore, script: Script, history: HistorySource | None = None, *,
@@ -81,7 +55,7 @@ async def _turn(store: SqlResponseStore, script: Script, history: HistorySource 
 
 async def test_a_stream_answered_at_once_is_recorded_whole_and_leaves_in_one_batch(
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, _ = await _turn(store, Script(text_script("Hello", " world")))
     await turn.open()  # as the SSE transport does, before it commits to a stream
     assert calls == ["record"]
@@ -103,7 +77,7 @@ async def test_a_stream_answered_at_once_is_recorded_whole_and_leaves_in_one_bat
 
 async def test_a_stream_the_model_answers_slowly_has_its_start_recorded_first(
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, _ = await _turn(store, Script(text_script("a", "b"), delay=SLOWER))
     await turn.open()
     assert calls == ["begin"]
@@ -119,7 +93,7 @@ async def test_an_answer_at_once_whose_chain_vanished_is_a_plain_error(
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """The chain was deleted between prepare and the write: the write of the whole
     response fails, and open() raises as a start that cannot be recorded does."""
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, _ = await _turn(store, Script(text_script("a")), history=_Fixed(), previous_response_id="resp_gone")
     with pytest.raises(PreviousResponseNotFound):
         await turn.open()
@@ -143,7 +117,7 @@ async def test_an_answer_at_once_the_store_cannot_take_is_a_plain_error(
 
 async def test_a_client_leaving_while_the_start_waits_for_the_model_stops_the_model(
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, backend = await _turn(store, Script(text_script("a", "b"), delay=SLOWER))
     opening = asyncio.create_task(turn.open())
     while not backend.requests:  # the model has been asked
@@ -158,7 +132,7 @@ async def test_a_client_leaving_while_the_start_waits_for_the_model_stops_the_mo
 async def test_a_background_stream_is_recorded_queued_first(
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Queued is a state others may read at once: never held for the model."""
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, _ = await _turn(store, Script(text_script("a")), background=True)
     await turn.open()
     assert calls == ["begin"]
@@ -172,7 +146,7 @@ async def test_on_an_idle_server_a_stream_answered_at_once_has_its_start_recorde
         store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing else runs: the start is written at once, while the model works, and the
     output leaves as soon as it comes, before the end's write."""
-    calls = _counted(store, monkeypatch)
+    calls = counted_writes(store, monkeypatch)
     turn, _ = await _turn(store, Script(text_script("a", "b")), busy=False)
     await turn.open()
     assert calls == ["begin"]

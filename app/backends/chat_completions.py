@@ -70,7 +70,7 @@ from app.backends.base import (
     ToolSpec,
 )
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
-from app.backends.chat_stream import ChunkDecoder, sse_events
+from app.backends.chat_stream import ChunkDecoder, SSEParser
 from app.backends.message_json import MessageJson, dumps
 from app.backends.tool_names import names_back, restored, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
@@ -179,13 +179,15 @@ class ChatCompletionsBackend(HttpUpstream):
                         yield delta
                     return
                 # After [DONE], read on to the end of the body: only a response read to its
-                # end gives its connection back to the pool, to be kept alive.
-                async with contextlib.aclosing(sse_events(response.content.iter_any())) as events:
-                    async for event, data in events:
-                        if decoder.done:
-                            continue
-                        for delta in decoder.feed_event(event, data):
-                            yield delta
+                # end gives its connection back to the pool, to be kept alive. The parser
+                # runs in this loop, not as a generator of its own: no layer that each
+                # event of each stream would cross.
+                parser = SSEParser()
+                async for chunk in response.content.iter_any():
+                    for delta in decoder.feed_events(parser.feed_bytes(chunk)):
+                        yield delta
+                for delta in decoder.feed_events(parser.end()):
+                    yield delta
 
     def payload(self, request: GenerationRequest, *, messages: bool = True) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (streaming unless the

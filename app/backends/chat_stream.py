@@ -14,7 +14,7 @@ import codecs
 import json
 import math
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,7 @@ class SSEParser:
     """
 
     def __init__(self) -> None:
+        self._decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
         self._partial: list[str] = []
         self._held_cr = False
         self._event = ""
@@ -105,14 +106,23 @@ class SSEParser:
         return event
 
 
+    def feed_bytes(self, chunk: bytes) -> list[tuple[str, str]]:
+        """:meth:`feed` for bytes of the stream, decoded as UTF-8 as SSE requires (a
+        character cut between two chunks is decoded once both are in)."""
+        return self.feed(self._decode(chunk))
+
+    def end(self) -> list[tuple[str, str]]:
+        """The events the end of the stream completes (after the last :meth:`feed_bytes`)."""
+        return self.feed(self._decode(b"", True), final=True)
+
+
 async def sse_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[tuple[str, str]]:
-    """``(event, data)`` pairs from an SSE byte stream, decoded as UTF-8 as SSE requires."""
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    """``(event, data)`` pairs from an SSE byte stream (see :meth:`SSEParser.feed_bytes`)."""
     parser = SSEParser()
     async for chunk in chunks:
-        for event in parser.feed(decoder.decode(chunk)):
+        for event in parser.feed_bytes(chunk):
             yield event
-    for event in parser.feed(decoder.decode(b"", final=True), final=True):
+    for event in parser.end():
         yield event
 
 
@@ -176,6 +186,14 @@ class ChunkDecoder:
         if chunk.get("error"):
             raise error_in_stream(chunk["error"])
         return self.feed(chunk)
+
+    def feed_events(self, events: Iterable[tuple[str, str]]) -> Iterator[Delta]:
+        """:meth:`feed_event` for each of ``events``, in order (the deltas of an event
+        come out before a later event can raise); those after ``[DONE]`` are read and
+        dropped (a response read to its end gives its connection back to the pool)."""
+        for event, data in events:
+            if not self.done:
+                yield from self.feed_event(event, data)
 
     def feed_whole(self, body: bytes) -> list[Delta]:
         """A non-streamed completion (or error object) sent as one JSON body."""

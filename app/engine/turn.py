@@ -479,7 +479,10 @@ class Turn:
         )
         try:
             async for delta in stream:
-                await queue.put(delta)
+                if queue.full():  # the consumer is behind: wait for room
+                    await queue.put(delta)
+                else:
+                    queue.put_nowait(delta)
                 if self._first_put is not None:
                     self._tell_first_put()
             await queue.put(_END)

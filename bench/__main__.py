@@ -1,22 +1,24 @@
-"""``python -m bench [overhead|embedded|proxy] [options]``: the benchmarks; with no name,
-all of them (what ``make bench`` runs). Each prints its figures; ``embedded`` and ``proxy``
+"""``python -m bench [overhead|embedded|proxy|instructions] [options]``: the benchmarks; with
+no name, all of them but ``instructions`` (what ``make bench`` runs). Each prints its figures; ``embedded`` and ``proxy``
 also write a JSON report and a plot under ``bench/results/`` (not committed)."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import embedded, overhead, proxy
+from bench import embedded, instructions, overhead, proxy
 
 BENCHMARKS = {"overhead": overhead.main, "embedded": embedded.main, "proxy": proxy.main}
+TOOLS = {"instructions": instructions.main}
+"""Run by name only, never by ``make bench``: instruments, not targets."""
 
 
 def main(argv: list[str]) -> None:
-    if argv and argv[0] in BENCHMARKS:
-        BENCHMARKS[argv[0]](argv[1:])
+    if argv and argv[0] in {**BENCHMARKS, **TOOLS}:
+        {**BENCHMARKS, **TOOLS}[argv[0]](argv[1:])
         return
     if argv:
-        sys.exit(f"unknown benchmark {argv[0]!r}; choose from {', '.join(BENCHMARKS)}")
+        sys.exit(f"unknown benchmark {argv[0]!r}; choose from {', '.join([*BENCHMARKS, *TOOLS])}")
     for run in BENCHMARKS.values():
         run([])
 

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +168,17 @@ def count(target: str, fmt: str, upstream: str, requests: int, warm: int, work: 
     return dump_total(dumps[0]) / requests
 
 
-def measure(requests: int, warm: int, log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
-    """Every target and format counted, two children at a time, in front of one stub."""
-    counts: dict[str, dict[str, float]] = {target: {} for target in TARGETS}
+def measure(requests: int, warm: int, log: Callable[[str], None] = print, *,
+            targets: Sequence[str] = TARGETS, formats: Sequence[str] = FORMATS) -> dict[str, dict[str, float]]:
+    """Each of ``targets`` in each of ``formats`` counted, two children at a time, in
+    front of one stub."""
+    counts: dict[str, dict[str, float]] = {target: {} for target in targets}
     with tempfile.TemporaryDirectory(prefix="ors-instructions-") as scratch:
         work = Path(scratch)
         with StubProcess(free_port(), work / "stub.log") as stub:
             with concurrent.futures.ThreadPoolExecutor(2) as pool:
                 jobs = {(target, fmt): pool.submit(count, target, fmt, stub.base_url, requests, warm, work)
-                        for target in TARGETS for fmt in FORMATS}
+                        for target in targets for fmt in formats}
                 for (target, fmt), job in jobs.items():
                     counts[target][fmt] = job.result()
                     log(f"  {target}/{fmt}: {counts[target][fmt]:,.0f} instructions a request")
@@ -184,13 +186,16 @@ def measure(requests: int, warm: int, log: Callable[[str], None] = print) -> dic
 
 
 def report(counts: dict[str, dict[str, float]], requests: int, warm: int) -> dict[str, Any]:
-    floor = counts["floor"]
+    """The counts, and ors's over the floor's where both were counted."""
+    floor = counts.get("floor", {})
+    ors = {target: {fmt: value for fmt, value in by_format.items() if fmt in floor}
+           for target, by_format in counts.items() if target != "floor"}
     return {
         "requests": requests, "warm": warm, "instructions_per_request": counts,
-        "over_floor": {target: {fmt: counts[target][fmt] / floor[fmt] for fmt in FORMATS}
-                       for target in TARGETS if target != "floor"},
-        "above_floor": {target: {fmt: counts[target][fmt] - floor[fmt] for fmt in FORMATS}
-                        for target in TARGETS if target != "floor"},
+        "over_floor": {target: {fmt: value / floor[fmt] for fmt, value in by_format.items()}
+                       for target, by_format in ors.items()},
+        "above_floor": {target: {fmt: value - floor[fmt] for fmt, value in by_format.items()}
+                        for target, by_format in ors.items()},
     }
 
 
@@ -201,17 +206,20 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench instructions", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200, help="requests counted per target and format")
     parser.add_argument("--warm", type=int, default=30, help="requests before counting starts")
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     arguments = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         sys.exit("valgrind (with callgrind_control) is not installed: nothing to count with")
     print(f"instructions per request, {arguments.requests} requests per target and format, under callgrind")
-    counts = measure(arguments.requests, arguments.warm)
+    counts = measure(arguments.requests, arguments.warm, targets=arguments.targets, formats=arguments.formats)
     result = report(counts, arguments.requests, arguments.warm)
-    print(f"{'':10}{'json':>14}{'sse':>14}{'json/floor':>12}{'sse/floor':>11}")
-    for target in TARGETS:
-        ratios = result["over_floor"].get(target)
-        shown = f"{ratios['json']:>11.2f}x{ratios['sse']:>10.2f}x" if ratios else ""
-        print(f"{target:10}{counts[target]['json']:>14,.0f}{counts[target]['sse']:>14,.0f}{shown}")
+    print(f"{'':10}" + "".join(f"{fmt:>14}{fmt + '/floor':>12}" for fmt in arguments.formats))
+    for target, by_format in counts.items():
+        ratios = result["over_floor"].get(target, {})
+        print(f"{target:10}" + "".join(
+            f"{by_format[fmt]:>14,.0f}" + (f"{ratios[fmt]:>11.2f}x" if fmt in ratios else f"{'':>12}")
+            for fmt in arguments.formats))
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"instructions-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2))

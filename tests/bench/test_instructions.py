@@ -47,3 +47,11 @@ def test_a_child_under_callgrind_reports_its_count(stub: StubProcess, tmp_path: 
     assert per_request > 0
     dump = next(tmp_path.glob("floor-json.*.1"))
     assert instructions.dump_total(dump) == per_request * 5
+
+
+def test_the_report_sets_ors_over_the_floor_only_where_both_were_counted() -> None:
+    counts = {"unstored": {"json": 300.0, "sse": 500.0}, "stored": {"sse": 600.0}, "floor": {"sse": 100.0}}
+    result = instructions.report(counts, requests=10, warm=2)
+    assert result["over_floor"] == {"unstored": {"sse": 5.0}, "stored": {"sse": 6.0}}
+    assert result["above_floor"] == {"unstored": {"sse": 400.0}, "stored": {"sse": 500.0}}
+    assert instructions.report({"stored": {"json": 1.0}}, requests=1, warm=0)["over_floor"] == {"stored": {}}

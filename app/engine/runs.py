@@ -8,7 +8,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-from app.engine.turn import Emitted, Turn
+from app.engine.turn import Turn
 from app.errors import ORSError, ServerError
 
 log = logging.getLogger("ors.runs")
@@ -55,6 +55,8 @@ class LiveTurns:
 
     @contextlib.contextmanager
     def tracking(self, turn: Turn) -> Iterator[None]:
+        """While the block runs (a transport driving ``turn.batches()``), a stored turn is
+        found by its id: retrieved, followed or cancelled by another request."""
         if turn.store is None:
             yield
             return
@@ -63,13 +65,6 @@ class LiveTurns:
             yield
         finally:
             self._turns.pop(turn.id, None)
-
-    async def tracked_batches(self, turn: Turn) -> AsyncIterator[list[Emitted]]:
-        """``turn.batches()`` while the turn is registered; closing this closes those."""
-        with self.tracking(turn):
-            async with contextlib.aclosing(turn.batches()) as batches:
-                async for batch in batches:
-                    yield batch
 
     def start_background(self, turn: Turn, on_end: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run ``turn`` in a task of its own: it goes on whether or not anyone listens.

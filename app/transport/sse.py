@@ -124,7 +124,8 @@ class EventStream(StreamingResponse):
                 async for chunk in body:
                     last = isinstance(chunk, Last)
                     async with self._lock:
-                        await self._send_head(send)
+                        if not self._head_sent:
+                            await self._send_head(send)
                         await send({"type": "http.response.body", "body": chunk, "more_body": not last})
                     if last:
                         self._complete = True
@@ -172,14 +173,16 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
         forget = drain.when_draining(
             lambda: turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down")))
         try:
-            async with contextlib.aclosing(live.tracked_batches(turn)) as batches:
-                async for batch in batches:  # one send per batch
-                    chunk = b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
-                    if turn.ended:  # the terminal event, recorded: nothing follows it
-                        await ended()
-                        yield Last(chunk + DONE_FRAME)
-                        return
-                    yield chunk
+            # the turn's batches read here, not through a generator that passes them on
+            with live.tracking(turn):
+                async with contextlib.aclosing(turn.batches()) as batches:
+                    async for batch in batches:  # one send per batch
+                        chunk = b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
+                        if turn.ended:  # the terminal event, recorded: nothing follows it
+                            await ended()
+                            yield Last(chunk + DONE_FRAME)
+                            return
+                        yield chunk
             await ended()
             yield Last(DONE_FRAME)
         finally:

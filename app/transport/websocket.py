@@ -242,10 +242,11 @@ class Connection:
             return
         self.current = turn
         try:
-            async with contextlib.aclosing(self.live.tracked_batches(turn)) as batches:
-                async for batch in batches:
-                    for emitted in batch:
-                        await self.socket.send_text(emitted.data)
+            with self.live.tracking(turn):
+                async with contextlib.aclosing(turn.batches()) as batches:
+                    async for batch in batches:
+                        for emitted in batch:
+                            await self.socket.send_text(emitted.data)
         finally:
             self.current = None
         if turn.response.status in ("failed", "cancelled"):

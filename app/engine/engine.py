@@ -220,9 +220,14 @@ class Engine:
         stores = body.store is not False and self.store is not None
         tools_json = [tool.model_dump(mode="json") for tool in initial.tools]
 
-        @functools.cache
+        stored_inputs: list[dict[str, Any]] | None = None
+
         def inputs_stored() -> list[dict[str, Any]]:  # once, and only if needed (Turn.input_items)
-            return [stored_form(item) for item in new_items]
+            # a memo of its own: a functools.cache made per request cost about 1% of one
+            nonlocal stored_inputs
+            if stored_inputs is None:
+                stored_inputs = [stored_form(item) for item in new_items]
+            return stored_inputs
 
         on_recorded = None
         if stores and self.history_cache is not None:

@@ -104,6 +104,11 @@ class KeyAuthenticator:
         that key's tenant now. The store's migration renames rows with it."""
         return {f"key-{index}": key.tenant for index, key in enumerate(self.keys)}
 
+    @property
+    def keyed(self) -> bool:
+        """Whether requests must present a key (without keys, every request is anonymous)."""
+        return bool(self._tokens)
+
     def tenant(self, authorization: str | None) -> str:
         if not self._tokens:
             return ANONYMOUS

@@ -45,6 +45,13 @@ HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 and a stream that said ``keep-alive`` beside the server's ``close`` contradicted itself."""
 
 
+MEDIA_TYPE = "text/event-stream"
+RAW_HEADERS = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in HEADERS.items()] + [
+    (b"content-type", f"{MEDIA_TYPE}; charset=utf-8".encode("latin-1"))]
+"""Every stream's headers, made once: what Starlette would make of :data:`HEADERS` and
+the media type for each response."""
+
+
 class Last(bytes):
     """The last chunk of a stream's body: :class:`EventStream` sends it as the end of the
     body, so the terminal events, ``[DONE]`` and the end of the chunked body leave in one
@@ -81,7 +88,12 @@ class EventStream(StreamingResponse):
     """
 
     def __init__(self, body: AsyncIterator[bytes], background: BackgroundTask | None = None) -> None:
-        super().__init__(body, headers=HEADERS, media_type="text/event-stream", background=background)
+        # what StreamingResponse.__init__ sets, with the headers that never vary made once
+        self.body_iterator = body
+        self.status_code = 200
+        self.media_type = MEDIA_TYPE
+        self.background = background
+        self.raw_headers = list(RAW_HEADERS)
         self._lock = asyncio.Lock()
         self._gone = False
         self._complete = False

@@ -85,3 +85,16 @@ def test_a_client_that_leaves_while_nothing_is_sent_stops_generation(
     assert stored["status"] == "incomplete"
     assert stored["incomplete_details"] == {"reason": "client_disconnected"}
     assert [record.getMessage() for record in problems] == []  # a client leaving is not an error
+
+
+def test_a_stream_has_the_headers_starlette_would_give_it() -> None:
+    from starlette.responses import StreamingResponse
+
+    from app.transport.sse import HEADERS, EventStream
+
+    async def body():  # type: ignore[no-untyped-def]
+        yield b""
+
+    made_once = EventStream(body()).raw_headers
+    assert made_once == StreamingResponse(body(), headers=HEADERS, media_type="text/event-stream").raw_headers
+    assert made_once is not EventStream(body()).raw_headers  # each response's own list

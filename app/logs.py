@@ -10,6 +10,7 @@ it. Log lines name ids, sizes, codes and reasons; user text and keys are never l
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -30,23 +31,51 @@ class _RequestId(logging.Filter):
         return True
 
 
+@functools.lru_cache(maxsize=2)
+def _local_second(second: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+
+
+@functools.lru_cache(maxsize=2)
+def _utc_second(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+
+
+class TextFormatter(logging.Formatter):
+    """:class:`logging.Formatter`, with the date and time of a second written once for
+    all its lines: a ``localtime`` and a ``strftime`` per line were a third of the cost
+    of formatting an access line (2.9 of 6.6 µs)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        return self.default_msec_format % (_local_second(int(record.created)), record.msecs)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (RFC 3339, UTC), ``level``, ``logger``,
     ``message``, ``request_id`` (when in a request) and ``exception`` (when there is one)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        rid = getattr(record, "request_id", "-")
-        if rid != "-":
-            entry["request_id"] = rid
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
+        return json_line(record.created, record.msecs, record.levelname, record.name, record.getMessage(),
+                         getattr(record, "request_id", "-"),
+                         self.formatException(record.exc_info) if record.exc_info else None)
+
+
+def json_line(created: float, msecs: float, level: str, logger: str, message: str, rid: str,
+              exception: str | None = None) -> str:
+    """A line of :class:`JsonFormatter` (without its line break)."""
+    entry: dict[str, object] = {
+        "time": f"{_utc_second(int(created))}.{int(msecs):03d}Z",
+        "level": level.lower(),
+        "logger": logger,
+        "message": message,
+    }
+    if rid != "-":
+        entry["request_id"] = rid
+    if exception is not None:
+        entry["exception"] = exception
+    return json.dumps(entry, ensure_ascii=False)
 
 
 FLUSH_SECONDS = 0.5
@@ -82,9 +111,21 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
         except Exception:  # noqa: BLE001 - logging's own rule: report, never raise
             self.handleError(record)
             return
+        self._add(line, record.levelno)
+
+    def add_info_line(self, line: str) -> None:
+        """An info line already formatted (with its line break), as :meth:`emit` adds
+        one it formats."""
+        self.acquire()
+        try:
+            self._add(line, logging.INFO)
+        finally:
+            self.release()
+
+    def _add(self, line: str, level: int) -> None:
         self._lines.append(line)
         self._size += len(line)
-        if record.levelno >= logging.WARNING or self._size >= FLUSH_BYTES:
+        if level >= logging.WARNING or self._size >= FLUSH_BYTES:
             self._write()
             return
         try:
@@ -140,9 +181,11 @@ def configure(level: str, fmt: LogFormat, *, buffered: bool = False) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    global _direct
     handler = BufferedStreamHandler() if buffered else logging.StreamHandler()
     handler.addFilter(_RequestId())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter(_TEXT))
+    _direct = _DirectAccess(handler, handler.formatter) if isinstance(handler, BufferedStreamHandler) else None
     wanted = logging.getLevelName(level.upper())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -165,6 +208,44 @@ def configure(level: str, fmt: LogFormat, *, buffered: bool = False) -> None:
 
 access = logging.getLogger("ors.access")
 """One line per HTTP request, once its response is over (a stream once it ended)."""
+_ors = logging.getLogger("ors")
+
+
+class _DirectAccess:
+    """The access line written straight into the server's own handler, as it would
+    have formatted it, while logging is as :func:`configure` left it (the line would go
+    to that handler alone, through no filter but the request id's). The standard
+    path (a ``LogRecord``, the logger's and the handler's dispatch, the formatter) was
+    about 65,000 instructions a request: 3.8% of a ``store: false`` JSON answer in front
+    of a fast upstream. Once anything else is configured, lines take the standard path."""
+
+    def __init__(self, handler: BufferedStreamHandler, formatter: logging.Formatter | None) -> None:
+        self.handler = handler
+        self.formatter = formatter
+        self.json = isinstance(formatter, JsonFormatter)
+
+    def intact(self) -> bool:
+        root, handler = logging.getLogger(), self.handler
+        return (len(root.handlers) == 1 and root.handlers[0] is handler and not root.filters
+                and not access.handlers and not access.filters and access.propagate
+                and not _ors.handlers and not _ors.filters and _ors.propagate
+                and len(handler.filters) == 1 and handler.formatter is self.formatter)
+
+    def write(self, message: str) -> None:
+        created = time.time()
+        msecs = int((created - int(created)) * 1000)
+        rid = request_id.get() or "-"
+        if self.json:
+            line = json_line(created, msecs, "INFO", access.name, message, rid)
+        else:
+            asctime = f"{_local_second(int(created))},{msecs:03d}"
+            line = _TEXT % {"asctime": asctime, "levelname": "INFO", "name": access.name, "request_id": rid,
+                            "message": message}
+        self.handler.add_info_line(line + self.handler.terminator)
+
+
+_direct: _DirectAccess | None = None
+"""Set by :func:`configure` for a server's buffered handler."""
 
 
 def log_access(scope: dict[str, Any], status: int, seconds: float) -> None:
@@ -175,5 +256,10 @@ def log_access(scope: dict[str, Any], status: int, seconds: float) -> None:
     client = scope.get("client")
     query = scope.get("query_string")
     path = scope["path"] + "?" + query.decode("latin-1") if query else scope["path"]
-    access.info('%s - "%s %s HTTP/%s" %d %.1fms', f"{client[0]}:{client[1]}" if client else "-",
-                scope["method"], path, scope.get("http_version", "1.1"), status, seconds * 1000)
+    message = (f'{f"{client[0]}:{client[1]}" if client else "-"} - "{scope["method"]} {path} '
+               f'HTTP/{scope.get("http_version", "1.1")}" {status} {seconds * 1000:.1f}ms')
+    direct = _direct
+    if direct is not None and direct.intact():
+        direct.write(message)
+    else:
+        access.info("%s", message)

@@ -14,8 +14,9 @@ more one at a time, and dumps the counters (``callgrind_control -d``); the figur
 dump's total over the requests. The requests go straight to the app, in process, and the
 app's upstream is the stub of :mod:`bench.stub` on loopback (outside valgrind): counted
 is everything the server's process does for a request except uvicorn's HTTP parsing and
-the kernel's work, the same for ors and the floor. Each answer is checked (a completed
-response or its terminal event).
+the kernel's work, the same for ors and the floor. ors logs as ``ors serve`` does (an
+access line per request, written in bulk). Each answer is checked (a completed response
+or its terminal event).
 
 Run: ``python -m bench instructions`` (a few minutes: valgrind runs Python some fifty
 times slower; two children at a time). Prints the counts, ors's over the floor's, and
@@ -143,6 +144,12 @@ def _child(argv: list[str]) -> None:
     target, fmt, upstream, requests, warm = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     import uvloop  # the loop uvicorn runs ors on
 
+    if target != "floor":  # logging as ``ors serve`` sets it up: an access line per request
+        from app import logs
+        from app.config import Settings
+
+        settings = Settings()
+        logs.configure(settings.log_level, settings.log_format, buffered=True)
     between = _callgrind_control if os.environ.get(UNDER_CALLGRIND) else (lambda _: None)
     uvloop.run(drive(target, fmt, upstream, requests, warm, between))
 

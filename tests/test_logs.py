@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -111,3 +112,80 @@ def test_every_logger_of_the_server_is_under_ors() -> None:
             importlib.import_module(module.name)
     ours = [name for name in logging.Logger.manager.loggerDict if name == "app" or name.startswith("app.")]
     assert ours == []
+
+
+def test_the_time_of_a_line_is_what_the_standard_formatter_writes() -> None:
+    """The date and time made once a second are those the standard formatter makes for
+    each line (text), and the UTC time the JSON line had, for times across many seconds
+    and milliseconds, in any order."""
+    import json
+    import random
+    import time
+
+    text, standard = logs.TextFormatter(logs._TEXT), logging.Formatter(logs._TEXT)
+    random.seed(11)
+    moments = [1_800_000_000 + random.uniform(0, 5) for _ in range(300)] + [1_700_000_000.0, 1_700_000_000.999]
+    for created in moments:
+        record = logging.LogRecord("ors.access", logging.INFO, "x", 0, "line %d", (1,), None)
+        record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
+        record.request_id = "-"
+        assert text.format(record) == standard.format(record)
+        assert text.formatTime(record, "%H:%M") == standard.formatTime(record, "%H:%M")
+        utc = json.loads(logs.JsonFormatter().format(record))["time"]
+        assert utc == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(record.msecs):03d}Z"
+
+
+@pytest.fixture
+def server_logging() -> Iterator[None]:
+    """Logging as :func:`logs.configure` sets it up for a server, undone afterwards."""
+    names = ["", "ors", "uvicorn", "uvicorn.error", "uvicorn.access"]
+    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level,
+                    logging.getLogger(name).propagate) for name in names}
+    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)  # type: ignore[attr-defined]
+    direct = logs._direct
+    yield
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.propagate = handlers, propagate
+        logger.setLevel(level)
+    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags  # type: ignore[attr-defined]
+    logs._direct = direct
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_an_access_line_written_directly_is_the_line_logging_writes(
+    server_logging: None, monkeypatch: pytest.MonkeyPatch, fmt: logs.LogFormat
+) -> None:
+    """The server's access line skips logging's dispatch while logging is as configured,
+    and is the line logging writes once anything else is configured (here a filter on
+    the access logger, which then sees the record)."""
+    import time
+
+    logs.configure("info", fmt, buffered=True)
+    handler = logging.getLogger().handlers[0]
+    assert isinstance(handler, logs.BufferedStreamHandler)
+    handler.stream = io.StringIO()
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_123.456789)
+    scope = {"client": ("127.0.0.1", 50412), "path": "/v1/responses", "query_string": b"a=1", "method": "POST",
+             "http_version": "1.1"}
+    seen: list[logging.LogRecord] = []
+    watcher = logging.Filter()
+    watcher.filter = lambda record: seen.append(record) or True  # type: ignore[method-assign]
+    token = logs.request_id.set("req-1")
+    try:
+        logs.log_access(scope, 200, 0.0013)
+        assert logs._direct is not None and logs._direct.intact() and seen == []
+        logs.access.addFilter(watcher)
+        try:
+            assert not logs._direct.intact()
+            logs.log_access(scope, 200, 0.0013)
+        finally:
+            logs.access.removeFilter(watcher)
+    finally:
+        logs.request_id.reset(token)
+    handler.flush()
+    direct, standard = handler.stream.getvalue().splitlines()
+    assert len(seen) == 1
+    assert direct == standard
+    assert '127.0.0.1:50412 - \\"POST /v1/responses?a=1 HTTP/1.1\\" 200 1.3ms' in direct if fmt == "json" else \
+        '[req-1] 127.0.0.1:50412 - "POST /v1/responses?a=1 HTTP/1.1" 200 1.3ms' in direct

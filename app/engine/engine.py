@@ -355,6 +355,8 @@ def _tool_policy(body: CreateResponseBody) -> ToolPolicy:
                   "function tools, namespace tools and custom tools without a lark grammar") if given else \
             "no tools were given"
         raise InvalidRequest(f"tool_choice is 'required' but {reason}.", code="invalid_value", param="tool_choice")
+    if mode == "auto" and parallel and body.max_tool_calls is None:
+        return _AUTO
     return ToolPolicy(mode=mode, parallel=parallel, max_calls=body.max_tool_calls)
 
 
@@ -414,5 +416,10 @@ def _output_format(body: CreateResponseBody) -> OutputFormat:
     if isinstance(fmt, TextFormatJsonSchemaParam):
         return OutputFormat(kind="json_schema", name=fmt.name, schema=fmt.schema_, strict=fmt.strict)
     if isinstance(fmt, TextFormatJsonObjectParam):
-        return OutputFormat(kind="json_object")
-    return OutputFormat()
+        return _JSON_OBJECT
+    return _FREE_TEXT
+
+
+_FREE_TEXT, _JSON_OBJECT = OutputFormat(), OutputFormat(kind="json_object")
+_AUTO = ToolPolicy()
+"""What most requests ask for, made once (frozen, so shared by every request that does)."""

@@ -2,7 +2,7 @@
 reference measured beside ors in the proxy benchmark.
 
 A raw ASGI app (no framework) on the same uvicorn (httptools, uvloop), in front of the
-same upstream with the same HTTP client (aiohttp, one kept-alive pool). ``POST
+same upstream with the same HTTP client (``app.backends.http1``, one kept-alive pool). ``POST
 /v1/responses`` reads the body, decodes its JSON, sends the upstream one Chat Completions
 request made of its ``model`` and text ``input`` (``stream`` as asked), and passes the
 upstream's answer back as it comes: the completion as it is, or its SSE chunks one by
@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
+from app.backends.http1 import Client
 from bench.stub import JSON_HEADERS, MODELS_BODY, SSE_HEADERS, StubProcess, _body, _send
 
 
@@ -32,17 +32,16 @@ class Floor:
     """The ASGI application, forwarding to ``upstream`` (a Chat Completions base URL)."""
 
     def __init__(self, upstream: str) -> None:
-        self.url = upstream.rstrip("/") + "/chat/completions"
-        self.session: aiohttp.ClientSession | None = None
+        url = urllib.parse.urlsplit(upstream.rstrip("/"))
+        self.target = url.path + "/chat/completions"
+        self.client = Client(f"{url.scheme}://{url.netloc}", connect=5.0, read=600.0, keepalive=4.0)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while True:
                 kind = (await receive())["type"]
-                if kind == "lifespan.startup":
-                    self.session = aiohttp.ClientSession()
-                elif self.session is not None:
-                    await self.session.close()
+                if kind == "lifespan.shutdown":
+                    await self.client.aclose()
                 await send({"type": f"{kind}.complete"})
                 if kind == "lifespan.shutdown":
                     return
@@ -56,18 +55,18 @@ class Floor:
             await _send(send, 404, JSON_HEADERS, b'{"error":{"message":"not found"}}')
 
     async def _forward(self, request: dict[str, Any], send: Any) -> None:
-        assert self.session is not None
         stream = bool(request.get("stream"))
         chat: dict[str, Any] = {"model": request["model"], "stream": stream,
                                 "messages": [{"role": "user", "content": request["input"]}]}
         if stream:
             chat["stream_options"] = {"include_usage": True}
-        async with self.session.post(self.url, json=chat) as answer:
+        body = json.dumps(chat).encode()
+        async with self.client.request("POST", self.target, body, b"Content-Type: application/json\r\n") as answer:
             if not stream:
                 await _send(send, answer.status, JSON_HEADERS, await answer.read())
                 return
             await send({"type": "http.response.start", "status": answer.status, "headers": SSE_HEADERS})
-            async for chunk in answer.content.iter_any():
+            async for chunk in answer.chunks():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 

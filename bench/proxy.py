@@ -9,7 +9,7 @@ front of the same stub, then measures four targets over loopback with the same c
 * ``direct``: the stub's ``POST /v1/chat/completions`` (``stream`` as the format asks);
 * ``stored``: ors's ``POST /v1/responses``, ``store: true``;
 * ``unstored``: the same with ``store: false``;
-* ``floor``: a bare forwarder on ors's stack (uvicorn, aiohttp) with nothing of ors in
+* ``floor``: a bare forwarder on ors's stack (uvicorn, ors's upstream client) with nothing of ors in
   it, a reference held to no target: what any proxy on this stack costs on the machine.
 
 Each in two formats, ``json`` and ``sse``. The targets take turns in rounds, block after

@@ -59,7 +59,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import aiohttp
 
 from app.backends.base import (
     ChatMessage,
@@ -69,7 +68,7 @@ from app.backends.base import (
     ToolPolicy,
     ToolSpec,
 )
-from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, read_capped, upstream_errors
+from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, upstream_errors
 from app.backends.chat_stream import ChunkDecoder, SSEParser
 from app.backends.message_json import MessageJson, dumps
 from app.backends.tool_names import names_back, restored, wire_name
@@ -77,6 +76,8 @@ from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
 logger = logging.getLogger("ors.upstream")
+PATH = "/chat/completions"
+"""Where this wire API's requests go, below the upstream's base URL."""
 
 TokenLimitField = Literal["max_tokens", "max_completion_tokens"]
 SchemaStyle = Literal["json_schema", "json_object_schema"]
@@ -110,7 +111,6 @@ class ChatCompletionsBackend(HttpUpstream):
         *,
         api_key: str | None = None,
         models: Sequence[str] | None = None,
-        session: aiohttp.ClientSession | None = None,
         timeout: Timeouts = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         token_limit_field: TokenLimitField = ChatDialect.token_limit_field,
@@ -118,7 +118,7 @@ class ChatCompletionsBackend(HttpUpstream):
         replay_reasoning: bool = ChatDialect.replay_reasoning,
         owned_by: str = "upstream",
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
+        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
                          headers=headers, owned_by=owned_by)
         self._message_json = MessageJson(lambda message: dumps(self._message(message)))
         self.token_limit_field: TokenLimitField = token_limit_field
@@ -140,7 +140,7 @@ class ChatCompletionsBackend(HttpUpstream):
         sent a single event. That is how a pooled keep-alive connection that the server has
         just closed fails; no output has been seen, so nothing is repeated or lost.
         """
-        url = f"{self.base_url}/chat/completions"
+        url = self.base_url + PATH
         payload = self.payload(request, messages=False)
         body = self._body(payload, request.messages)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
@@ -166,16 +166,16 @@ class ChatCompletionsBackend(HttpUpstream):
         self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ChunkDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self.post_stream(url, body, stream=payload["stream"]) as response:
+            async with self.post_stream(PATH, body, stream=payload["stream"]) as response:
                 if not 200 <= response.status < 300:
-                    body = await read_capped(response, ERROR_BODY_LIMIT)
+                    body = await response.read(ERROR_BODY_LIMIT)
                     raise error_for_status(
                         response.status, body, model=model, url=url, logprobs=bool(payload.get("logprobs"))
                     )
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # One whole completion: asked so (``request.incremental`` off), or a
                     # server that ignored ``stream: true``.
-                    for delta in decoder.feed_whole(await read_capped(response, None)):
+                    for delta in decoder.feed_whole(await response.read()):
                         yield delta
                     return
                 # After [DONE], read on to the end of the body: only a response read to its
@@ -183,7 +183,7 @@ class ChatCompletionsBackend(HttpUpstream):
                 # runs in this loop, not as a generator of its own: no layer that each
                 # event of each stream would cross.
                 parser = SSEParser()
-                async for chunk in response.content.iter_any():
+                async for chunk in response.chunks():
                     for delta in decoder.feed_events(parser.feed_bytes(chunk)):
                         yield delta
                 for delta in decoder.feed_events(parser.end()):

@@ -17,9 +17,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
-
 from app import jsontext
+from app.backends.http1 import ConnectFailed, Disconnected, ReadTimeout, UpstreamHttpError
 from app.errors import (
     ContextLengthExceeded,
     InvalidRequest,
@@ -45,19 +44,19 @@ def upstream_errors(url: str) -> Iterator[None]:
     upstream's address."""
     try:
         yield
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+    except ConnectFailed as exc:
         logger.warning("cannot reach the upstream at %s: %r", url, exc)
         raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, ReadTimeout) as exc:
         logger.warning("the upstream at %s timed out: %r", url, exc)
         raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
+    except (Disconnected, OSError) as exc:
         logger.warning("the connection to the upstream at %s broke: %r", url, exc)
         raise ModelError(
             "The connection to the upstream model server broke before the model finished.",
             code="upstream_disconnected",
         ) from exc
-    except aiohttp.ClientError as exc:
+    except UpstreamHttpError as exc:
         logger.warning("request to the upstream at %s failed: %r", url, exc)
         raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
 
@@ -143,11 +142,3 @@ def json_object(raw: str | bytes) -> dict[str, Any]:
         raise ModelError(f"The upstream model server sent a malformed chunk: {snippet!r}", code="upstream_error")
     return value
 
-
-async def read_capped(response: aiohttp.ClientResponse, limit: int | None) -> bytes:
-    body = bytearray()
-    async for piece in response.content.iter_any():
-        body += piece
-        if limit is not None and len(body) >= limit:
-            break
-    return bytes(body)

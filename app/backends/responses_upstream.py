@@ -34,10 +34,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
-from app.backends.chat_errors import ERROR_BODY_LIMIT, read_capped, upstream_errors
+from app.backends.chat_errors import ERROR_BODY_LIMIT, upstream_errors
 from app.backends.chat_stream import sse_events
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
@@ -47,6 +46,8 @@ from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ModelError
 
 logger = logging.getLogger("ors.upstream")
+PATH = "/responses"
+"""Where this wire API's requests go, below the upstream's base URL."""
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -73,14 +74,13 @@ class ResponsesUpstreamBackend(HttpUpstream):
         *,
         api_key: str | None = None,
         models: Sequence[str] | None = None,
-        session: aiohttp.ClientSession | None = None,
         timeout: Timeouts = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         replay_reasoning: bool = ResponsesDialect.replay_reasoning,
         hold_text: bool = ResponsesDialect.hold_text,
         owned_by: str = "upstream",
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, session=session, timeout=timeout,
+        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
                          headers=headers, owned_by=owned_by)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
@@ -94,7 +94,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
         Closing the generator closes the upstream HTTP response (the upstream stops for a
         client that went away). A stream that ends before the upstream's terminal event
         raises ``ModelError`` (``upstream_disconnected``)."""
-        url = f"{self.base_url}/responses"
+        url = self.base_url + PATH
         payload = self.payload(request, input=False)
         body = self._input_json.body(payload, "input", request.messages)  # each message's items made once
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
@@ -117,20 +117,20 @@ class ResponsesUpstreamBackend(HttpUpstream):
         self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ResponsesEventDecoder
     ) -> AsyncIterator[Delta]:
         with upstream_errors(url):
-            async with self.post_stream(url, body, stream=payload["stream"]) as response:
+            async with self.post_stream(PATH, body, stream=payload["stream"]) as response:
                 if not 200 <= response.status < 300:
-                    body = await read_capped(response, ERROR_BODY_LIMIT)
+                    body = await response.read(ERROR_BODY_LIMIT)
                     raise http_error(response.status, body, model=model, url=url,
                                      logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
                 if response.headers.get("content-type", "").startswith("application/json"):
                     # asked whole, or an upstream that ignored ``stream: true``
-                    for delta in decoder.feed_whole(await read_capped(response, None)):
+                    for delta in decoder.feed_whole(await response.read()):
                         yield delta
                     return
                 # Read to the end of the body even after the terminal event (the decoder
                 # ignores what follows): only a response read to its end gives its
                 # connection back to the pool, to be kept alive for the next turn.
-                async with contextlib.aclosing(sse_events(response.content.iter_any())) as events:
+                async with contextlib.aclosing(sse_events(response.chunks())) as events:
                     async for event, data in events:
                         for delta in decoder.feed_event(event, data):
                             yield delta

@@ -86,12 +86,12 @@ _WAKE = object()
 arrives; it carries nothing (the signal is in the control cell)."""
 
 
-TURNS_FOR_THE_REQUEST = 2
+TURNS_FOR_THE_REQUEST = 1
 """Turns of the loop a turn with nothing to record at its start gives its pump before it
-makes the start: an upstream's request is written by aiohttp in a task of its own,
-created by the pump's first step, so it leaves on the second turn (one turn left the
-start to be made and sent first, and the upstream began only after it). A backend that
-sends sooner loses nothing but the turn."""
+makes the start: an upstream's request is written in the pump's first step (on a kept-
+alive connection; opening one takes longer whatever the turn does), so the request
+leaves before the start is made and sent. (With aiohttp, which writes a request from a
+task of its own, it took two.)"""
 
 ANSWERED_AT_ONCE_SECONDS = 0.005
 """How long a stored stream's start waits for the model before it is recorded, while

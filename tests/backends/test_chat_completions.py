@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from app.backends.base import (
@@ -851,23 +850,44 @@ async def test_without_an_allow_list_every_model_is_served() -> None:
     assert chat.serves("anything") and chat.models() == []
 
 
-async def test_an_injected_session_is_used_and_left_open(upstream: ScriptedUpstream) -> None:
+async def test_configured_headers_and_the_key_go_with_every_request(upstream: ScriptedUpstream) -> None:
     model = upstream.stream(chunk(content="hi", finish_reason="stop"), DONE)
-    async with aiohttp.ClientSession(headers={"x-injected": "yes"}) as session:
-        chat = ChatCompletionsBackend(upstream.base_url, session=session)
-        await chat.start()
+    chat = ChatCompletionsBackend(upstream.base_url, api_key="sk-test", headers={"x-configured": "yes"})
+    try:
         assert (await collect(chat, ask(model)))[-1] == Finish("stop")
+    finally:
         await chat.aclose()
-        assert not session.closed
-    assert upstream.requests_for(model)[0].headers["x-injected"] == "yes"
+    sent = upstream.requests_for(model)[0].headers
+    assert sent["x-configured"] == "yes" and sent["authorization"] == "Bearer sk-test"
+    assert sent["accept"] == "text/event-stream" and sent["content-type"] == "application/json"
 
 
-async def test_the_owned_session_is_closed_by_aclose(upstream: ScriptedUpstream) -> None:
+@pytest.mark.parametrize("headers", [{"x-split": "a\r\nX-Injected: b"}, {"x:colon": "a"}, {"": "a"}])
+def test_a_header_that_cannot_be_sent_is_refused_with_the_configuration(headers: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match="header"):
+        ChatCompletionsBackend("http://127.0.0.1:1/v1", headers=headers)
+
+
+def test_a_key_with_a_line_break_is_refused() -> None:
+    with pytest.raises(ValueError, match="header"):
+        ChatCompletionsBackend("http://127.0.0.1:1/v1", api_key="sk\nX-Injected: yes")
+
+
+@pytest.mark.parametrize("url", ["http://user:pw@127.0.0.1:1/v1", "http://127.0.0.1:1/v1?x=1"])
+def test_a_base_url_with_credentials_or_a_query_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="base URL"):
+        ChatCompletionsBackend(url)
+
+
+async def test_aclose_closes_the_pooled_connections(upstream: ScriptedUpstream) -> None:
+    model = upstream.stream(chunk(content="hi", finish_reason="stop"), DONE)
     chat = ChatCompletionsBackend(upstream.base_url)
     await chat.start()
-    session = chat._http()
+    await collect(chat, ask(model))
+    client = chat._http()
+    assert client.idle == 1  # read to its end: kept alive
     await chat.aclose()
-    assert session.closed
+    assert client.closed and client.idle == 0
 
 
 def test_the_body_sent_is_the_payload_with_each_messages_json_made_once() -> None:

@@ -441,7 +441,7 @@ async def test_a_cancelled_request_closes_its_connection() -> None:
 
 
 @pytest.mark.parametrize("headers", [{"X-A": "1\r\nX-B: 2"}, {"X:A": "1"}, {"": "1"}, {"X-A": "1\n"}])
-def test_a_header_that_would_split_the_request_is_refused(headers: dict[str, str]) -> None:
+async def test_a_header_that_would_split_the_request_is_refused(headers: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="header"):
         client("http://127.0.0.1:1", headers=headers)
 

@@ -3,9 +3,13 @@ bounded whatever model ids clients send."""
 
 from __future__ import annotations
 
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import MODEL_LABELS, OTHER_MODEL, Metrics
+from app.metrics import _DURATION_BUCKETS, _LATENCY_BUCKETS, MODEL_LABELS, OTHER_MODEL, Metrics
 
 
 def _models(metrics: Metrics, family: str) -> set[str]:
@@ -49,3 +53,80 @@ def test_the_models_the_server_names_are_labels_from_the_start() -> None:
     metrics.http_request("/v1/responses", "POST", 500, "alias")
     assert {"local-model", "alias"} <= _models(metrics, "ors_http_requests") | _models(metrics, "ors_responses")
     assert _models(metrics, "ors_response_failures") == {"local-model"}
+
+
+Sample = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _samples(text: str, families: set[str] | None = None) -> Sample:
+    """Every sample of an exposition but the creation times (of ``families`` only)."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples
+            if not sample.name.endswith("_created") and (families is None or family.name in families)}
+
+
+def _same(batched: Sample, direct: Sample) -> None:
+    """Equal samples; a histogram's sum to the last few bits (added in another order)."""
+    assert batched.keys() == direct.keys()
+    for key, value in direct.items():
+        assert batched[key] == (pytest.approx(value, rel=1e-12) if key[0].endswith("_sum") else value), key
+
+
+class Library:
+    """The same metrics updated one by one through prometheus-client's own API: the
+    oracle of what a scrape should read."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ors_http_requests", "", ["route", "method", "status", "model"], registry=r)
+        self.responses = Counter("ors_responses", "", ["model", "status"], registry=r)
+        self.in_progress = Gauge("ors_responses_in_progress", "", registry=r)
+        self.first = Histogram("ors_time_to_first_token_seconds", "", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("ors_response_duration_seconds", "", ["model"], buckets=_DURATION_BUCKETS, registry=r)
+        self.tokens = Counter("ors_tokens", "", ["model", "kind"], registry=r)
+        self.hits = Counter("ors_prompt_cache_hits", "", ["model"], registry=r)
+
+    def families(self) -> set[str]:
+        return {family.name for family in self.registry.collect()}
+
+
+def test_counted_in_plain_numbers_a_scrape_reads_what_the_library_would_have() -> None:
+    """Random requests and responses counted by :class:`Metrics` (in plain numbers,
+    handed over at each scrape) and by prometheus-client's own updates one by one: the
+    same samples, histogram buckets on their bounds included; and the same again with
+    every update handed over at once (as with worker processes)."""
+    rng = random.Random(7)
+    batching, direct, library = Metrics(), Metrics(), Library()
+    direct._batching = False
+    durations = [0.0, 0.005, 0.01, 0.0100001, 0.3, 1, 29.9, 30, 301, 1799, 1800, 5000]
+    for step in range(2000):
+        model, status = rng.choice(["m1", "m2"]), rng.choice(["completed", "incomplete"])
+        seconds = rng.choice(durations) if step % 3 else rng.uniform(0, 2000)
+        first = None if step % 5 == 0 else rng.choice([*durations, rng.uniform(0, 400)])
+        code = rng.choice([200, 400]) if step % 2 else 200
+        for metrics in (batching, direct):
+            metrics.response_started()
+            metrics.http_request("/v1/responses", "POST", code, model)
+        library.in_progress.inc()
+        library.requests.labels("/v1/responses", "POST", str(code), model).inc()
+        if step % 7:
+            for metrics in (batching, direct):
+                metrics.response_ended(model=model, status=status, error_code=None, seconds=seconds,
+                                       first_output_seconds=first, input_tokens=step, output_tokens=step % 13,
+                                       cached_tokens=step % 4)
+                metrics.response_left()
+            library.in_progress.dec()
+            library.responses.labels(model, status).inc()
+            library.duration.labels(model).observe(seconds)
+            if first is not None:
+                library.first.labels(model).observe(first)
+            library.tokens.labels(model, "input").inc(step)
+            library.tokens.labels(model, "output").inc(step % 13)
+            if step % 4:
+                library.tokens.labels(model, "cached").inc(step % 4)
+                library.hits.labels(model).inc()
+        if step % 400 == 0 or step == 1999:  # scrapes in between, and at the end
+            expected = _samples(generate_latest(library.registry).decode())
+            for metrics in (batching, direct):
+                _same(_samples(metrics.exposition().decode(), library.families()), expected)
+    assert expected[("ors_responses_in_progress", ())] == sum(1 for step in range(2000) if not step % 7)

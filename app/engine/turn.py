@@ -9,7 +9,8 @@ backend and yields :class:`Emitted` events, each serialized exactly once. Its co
   a backend error becomes ``error`` + ``response.failed``; an unexpected exception
   becomes a ``server_error`` failure.
 * The backend stream is consumed by one pump task that hands deltas over a bounded
-  queue (backpressure: a slow reader slows the pump, never the other way round).
+  queue (:class:`~app.engine.handoff.Handoff`; backpressure: a slow reader slows the
+  pump, never the other way round).
 * Control (:meth:`Turn.cancel`, :meth:`Turn.interrupt` for shutdown and the connection
   cap) never goes through that queue, so it can neither fail on a full queue nor wait
   behind queued deltas. A signal is written to a one-slot control cell (the first signal
@@ -65,6 +66,7 @@ import anyio
 
 from app.backends.base import Backend, GenerationRequest
 from app.engine.builder import Event, ResponseBuilder
+from app.engine.handoff import Handoff
 from app.engine.output_format import enforce_output_format
 from app.engine.recording import Recording
 from app.engine.tools import enforce_tool_policy
@@ -193,7 +195,7 @@ class Turn:
         waits on it (``_watchers``): a turn nobody follows allocates nothing per event."""
         self._watchers = 0
         self._ended = asyncio.Event()
-        self._queue: asyncio.Queue[object] | None = None
+        self._queue: Handoff[object] | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._control: _Cancelled | _Interrupted | None = None
         self._unrecorded: ORSError | None = None
@@ -336,7 +338,7 @@ class Turn:
         if not self._started_at:
             self._started_at = time.monotonic()
         if self.metrics is not None:
-            self.metrics.responses_in_progress.inc()
+            self.metrics.response_started()
         try:
             await self.open()
             if self._whole is not None:  # answered at once, recorded whole (open)
@@ -456,7 +458,7 @@ class Turn:
         """Once per turn, when it ends: what ``/metrics`` counts of a response."""
         if self.metrics is None:
             return
-        self.metrics.responses_in_progress.dec()
+        self.metrics.response_left()
         if not began:
             return
         response = self.builder.response
@@ -472,7 +474,7 @@ class Turn:
             cached_tokens=usage.input_tokens_details.cached_tokens if usage else 0,
         )
 
-    async def _pump(self, queue: asyncio.Queue[object]) -> None:
+    async def _pump(self, queue: Handoff[object]) -> None:
         """Move the backend's deltas into the queue; owns (and always closes) the stream."""
         stream = enforce_output_format(
             enforce_tool_policy(self.backend.stream(self.request), self.request), self.request
@@ -659,7 +661,7 @@ class Turn:
     def _start_pump(self) -> None:
         """The queue and, unless a signal came first, the pump task (once)."""
         if self._queue is None:
-            self._queue = asyncio.Queue(maxsize=_QUEUE_SIZE)
+            self._queue = Handoff(_QUEUE_SIZE)
             if self._control is None:
                 self._pump_task = asyncio.create_task(self._pump(self._queue), name=f"backend-{self.id}")
 

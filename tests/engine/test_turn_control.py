@@ -142,7 +142,7 @@ async def test_cancel_wakes_a_reader_waiting_on_an_empty_queue() -> None:
     events = turn.events()
     before = await _read_until_first_delta(events)
     reader = asyncio.ensure_future(events.__anext__())
-    while turn._queue is None or not turn._queue._getters:  # the reader waits in queue.get()
+    while turn._queue is None or turn._queue._getter is None:  # the reader waits in queue.get()
         await asyncio.sleep(0)
     turn.cancel()
     rest = [await reader] + [emitted async for emitted in events]

@@ -53,7 +53,6 @@ response.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -145,12 +144,32 @@ class ChatCompletionsBackend(HttpUpstream):
         body = self._body(payload, request.messages)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         back = names_back(request.tools)  # calls come back under their wire names
+        stream = payload["stream"]
         for attempt in (1, 2):
             decoder = ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs)
+            # One generator from the answer to the consumer: the request, its answer and
+            # its parsing run in this loop, so each delta crosses no layer of its own.
             try:
-                async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
-                    async for delta in deltas:
-                        yield restored(delta, back) if back else delta
+                with upstream_errors(url):
+                    async with self.post_stream(PATH, body, stream=stream) as response:
+                        if not 200 <= response.status < 300:
+                            failure = await response.read(ERROR_BODY_LIMIT)
+                            raise error_for_status(response.status, failure, model=request.model, url=url,
+                                                   logprobs=bool(payload.get("logprobs")))
+                        if response.headers.get("content-type", "").startswith("application/json"):
+                            # One whole completion: asked so (``request.incremental`` off), or
+                            # a server that ignored ``stream: true``.
+                            for delta in decoder.feed_whole(await response.read()):
+                                yield restored(delta, back) if back else delta
+                        else:
+                            # After [DONE], read on to the end of the body: only a response
+                            # read to its end gives its connection back to the pool.
+                            parser = SSEParser()
+                            async for chunk in response.chunks():
+                                for delta in decoder.feed_events(parser.feed_bytes(chunk)):
+                                    yield restored(delta, back) if back else delta
+                            for delta in decoder.feed_events(parser.end()):
+                                yield restored(delta, back) if back else delta
             except ModelError as exc:
                 if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
                     logger.info("retrying a request whose connection to %s broke before any event", url)
@@ -161,33 +180,6 @@ class ChatCompletionsBackend(HttpUpstream):
             logger.warning("the upstream at %s sent no logprobs for model %s although they were asked",
                            url, request.model)
         yield decoder.finish()
-
-    async def _attempt(
-        self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ChunkDecoder
-    ) -> AsyncIterator[Delta]:
-        with upstream_errors(url):
-            async with self.post_stream(PATH, body, stream=payload["stream"]) as response:
-                if not 200 <= response.status < 300:
-                    body = await response.read(ERROR_BODY_LIMIT)
-                    raise error_for_status(
-                        response.status, body, model=model, url=url, logprobs=bool(payload.get("logprobs"))
-                    )
-                if response.headers.get("content-type", "").startswith("application/json"):
-                    # One whole completion: asked so (``request.incremental`` off), or a
-                    # server that ignored ``stream: true``.
-                    for delta in decoder.feed_whole(await response.read()):
-                        yield delta
-                    return
-                # After [DONE], read on to the end of the body: only a response read to its
-                # end gives its connection back to the pool, to be kept alive. The parser
-                # runs in this loop, not as a generator of its own: no layer that each
-                # event of each stream would cross.
-                parser = SSEParser()
-                async for chunk in response.chunks():
-                    for delta in decoder.feed_events(parser.feed_bytes(chunk)):
-                        yield delta
-                for delta in decoder.feed_events(parser.end()):
-                    yield delta
 
     def payload(self, request: GenerationRequest, *, messages: bool = True) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (streaming unless the

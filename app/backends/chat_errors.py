@@ -10,11 +10,10 @@ the client sees.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import re
-from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from app import jsontext
@@ -38,25 +37,34 @@ _LOGPROBS = re.compile(r"logprob", re.I)
 
 
 
-@contextlib.contextmanager
-def upstream_errors(url: str) -> Iterator[None]:
+class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_errors(url):``
     """Translate the upstream client's transport failures into ``ModelError``; log the
-    upstream's address."""
-    try:
-        yield
-    except ConnectFailed as exc:
-        logger.warning("cannot reach the upstream at %s: %r", url, exc)
-        raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
-    except (TimeoutError, ReadTimeout) as exc:
-        logger.warning("the upstream at %s timed out: %r", url, exc)
-        raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-    except (Disconnected, OSError) as exc:
-        logger.warning("the connection to the upstream at %s broke: %r", url, exc)
-        raise ModelError(
-            "The connection to the upstream model server broke before the model finished.",
-            code="upstream_disconnected",
-        ) from exc
-    except UpstreamHttpError as exc:
+    upstream's address. (A class, not a generator: entered on every upstream request.)"""
+
+    __slots__ = ("url",)
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, (UpstreamHttpError, TimeoutError, OSError)):
+            return
+        url = self.url
+        if isinstance(exc, ConnectFailed):
+            logger.warning("cannot reach the upstream at %s: %r", url, exc)
+            raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
+        if isinstance(exc, (TimeoutError, ReadTimeout)):
+            logger.warning("the upstream at %s timed out: %r", url, exc)
+            raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
+        if isinstance(exc, (Disconnected, OSError)):
+            logger.warning("the connection to the upstream at %s broke: %r", url, exc)
+            raise ModelError(
+                "The connection to the upstream model server broke before the model finished.",
+                code="upstream_disconnected",
+            ) from exc
         logger.warning("request to the upstream at %s failed: %r", url, exc)
         raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
 

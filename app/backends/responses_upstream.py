@@ -28,7 +28,6 @@ a single event (a pooled keep-alive connection the server had just closed).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from typing import Any
 
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
 from app.backends.chat_errors import ERROR_BODY_LIMIT, upstream_errors
-from app.backends.chat_stream import sse_events
+from app.backends.chat_stream import SSEParser
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
@@ -99,12 +98,33 @@ class ResponsesUpstreamBackend(HttpUpstream):
         body = self._input_json.body(payload, "input", request.messages)  # each message's items made once
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         back = names_back(request.tools)  # calls come back under their wire names
+        stream = payload["stream"]
         for attempt in (1, 2):
             decoder = ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs)
+            # One generator from the answer to the consumer (as the Chat Completions adapter)
             try:
-                async with contextlib.aclosing(self._attempt(url, payload, body, request.model, decoder)) as deltas:
-                    async for delta in deltas:
-                        yield restored(delta, back) if back else delta
+                with upstream_errors(url):
+                    async with self.post_stream(PATH, body, stream=stream) as response:
+                        if not 200 <= response.status < 300:
+                            failure = await response.read(ERROR_BODY_LIMIT)
+                            raise http_error(response.status, failure, model=request.model, url=url,
+                                             logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
+                        if response.headers.get("content-type", "").startswith("application/json"):
+                            # asked whole, or an upstream that ignored ``stream: true``
+                            for delta in decoder.feed_whole(await response.read()):
+                                yield restored(delta, back) if back else delta
+                        else:
+                            # Read to the end of the body even after the terminal event (the
+                            # decoder ignores what follows): only a response read to its end
+                            # gives its connection back to the pool.
+                            parser = SSEParser()
+                            async for chunk in response.chunks():
+                                for event, data in parser.feed_bytes(chunk):
+                                    for delta in decoder.feed_event(event, data):
+                                        yield restored(delta, back) if back else delta
+                            for event, data in parser.end():
+                                for delta in decoder.feed_event(event, data):
+                                    yield restored(delta, back) if back else delta
             except ModelError as exc:
                 if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
                     logger.info("retrying a request whose connection to %s broke before any event", url)
@@ -112,28 +132,6 @@ class ResponsesUpstreamBackend(HttpUpstream):
                 raise
             break
         yield decoder.finish()
-
-    async def _attempt(
-        self, url: str, payload: dict[str, Any], body: bytes, model: str, decoder: ResponsesEventDecoder
-    ) -> AsyncIterator[Delta]:
-        with upstream_errors(url):
-            async with self.post_stream(PATH, body, stream=payload["stream"]) as response:
-                if not 200 <= response.status < 300:
-                    body = await response.read(ERROR_BODY_LIMIT)
-                    raise http_error(response.status, body, model=model, url=url,
-                                     logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
-                if response.headers.get("content-type", "").startswith("application/json"):
-                    # asked whole, or an upstream that ignored ``stream: true``
-                    for delta in decoder.feed_whole(await response.read()):
-                        yield delta
-                    return
-                # Read to the end of the body even after the terminal event (the decoder
-                # ignores what follows): only a response read to its end gives its
-                # connection back to the pool, to be kept alive for the next turn.
-                async with contextlib.aclosing(sse_events(response.chunks())) as events:
-                    async for event, data in events:
-                        for delta in decoder.feed_event(event, data):
-                            yield delta
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless, and streaming unless

@@ -6,12 +6,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from app.engine.turn import Turn
 from app.errors import ORSError, ServerError
 
 log = logging.getLogger("ors.runs")
+
+
+class _Tracking:
+    __slots__ = ("turns", "turn")
+
+    def __init__(self, turns: dict[str, Turn], turn: Turn) -> None:
+        self.turns = turns
+        self.turn = turn
+
+    def __enter__(self) -> None:
+        self.turns[self.turn.id] = self.turn
+
+    def __exit__(self, *_: object) -> None:
+        self.turns.pop(self.turn.id, None)
+
+
+_UNTRACKED = contextlib.nullcontext()
+"""What a turn nobody can look up is tracked with: nothing (reusable)."""
 
 
 class LiveTurns:
@@ -53,18 +71,13 @@ class LiveTurns:
         turn.cancel()
         return True
 
-    @contextlib.contextmanager
-    def tracking(self, turn: Turn) -> Iterator[None]:
+    def tracking(self, turn: Turn) -> contextlib.AbstractContextManager[None]:
         """While the block runs (a transport driving ``turn.batches()``), a stored turn is
-        found by its id: retrieved, followed or cancelled by another request."""
+        found by its id: retrieved, followed or cancelled by another request. (Plain
+        objects, not a generator: entered by every request.)"""
         if turn.store is None:
-            yield
-            return
-        self._turns[turn.id] = turn
-        try:
-            yield
-        finally:
-            self._turns.pop(turn.id, None)
+            return _UNTRACKED
+        return _Tracking(self._turns, turn)
 
     def start_background(self, turn: Turn, on_end: Callable[[], Awaitable[None]] | None = None) -> None:
         """Run ``turn`` in a task of its own: it goes on whether or not anyone listens.

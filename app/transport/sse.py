@@ -176,7 +176,13 @@ def stream_turn(turn: Turn, drain: Drain, live: LiveTurns,
     once the turn has ended, before ``[DONE]``, and in any case when the response is
     over, also if its body never started."""
 
-    async def ended() -> None:
+    over = False
+
+    async def ended() -> None:  # the first call does it; the others (finally, background) find it done
+        nonlocal over
+        if over:
+            return
+        over = True
         await turn.discard()  # opened, but the body never ran: the client left first
         if on_end is not None:
             await on_end()

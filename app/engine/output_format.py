@@ -23,10 +23,15 @@ def enforce_output_format(deltas: AsyncIterator[Delta], request: GenerationReque
     """``deltas``, checked against a strict ``text.format`` at their end; ``deltas``
     themselves when there is none to hold (no generator layer that only passes deltas
     on: each delta of each response would cross it)."""
-    fmt = request.output_format
-    if fmt.kind != "json_schema" or not fmt.strict or fmt.schema is None:
+    if not checks_output_format(request):
         return deltas
-    return _enforced(deltas, admitted(fmt.schema))
+    return _enforced(deltas, admitted(request.output_format.schema))  # type: ignore[arg-type]
+
+
+def checks_output_format(request: GenerationRequest) -> bool:
+    """Whether ``request`` has a strict ``text.format`` whose schema its answer is held to."""
+    fmt = request.output_format
+    return fmt.kind == "json_schema" and fmt.strict and fmt.schema is not None
 
 
 async def _enforced(deltas: AsyncIterator[Delta], compiled: Compiled) -> AsyncIterator[Delta]:

@@ -48,54 +48,76 @@ class _PendingCall:
     pieces: list[str] = field(default_factory=list)
 
 
-async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
-    """``deltas`` with the policy of ``request`` applied (see the module docstring).
-    Closing this iterator closes ``deltas``."""
-    policy = request.tool_policy
-    offered = {tool.name for tool in request.tools}
-    strict = {tool.name: tool.parameters for tool in request.tools if tool.strict and tool.parameters is not None}
-    pending: _PendingCall | None = None
-    pending_index = -1
-    released = 0
+class ToolCallGuard:
+    """The policy of one request, applied to its deltas one at a time (see the module
+    docstring): :meth:`feed` says what may pass in a delta's place. A plain object the
+    turn's pump calls in its own loop, so a delta crosses no generator of its own."""
 
-    def release(cut_short: bool = False) -> list[Delta]:
-        nonlocal pending, released
-        call, pending = pending, None
+    __slots__ = ("request", "policy", "offered", "strict", "pending", "pending_index", "released")
+
+    def __init__(self, request: GenerationRequest) -> None:
+        self.request = request
+        self.policy = request.tool_policy
+        self.offered = {tool.name for tool in request.tools}
+        self.strict = {tool.name: tool.parameters for tool in request.tools
+                       if tool.strict and tool.parameters is not None}
+        self.pending: _PendingCall | None = None
+        self.pending_index = -1
+        self.released = 0
+
+    def feed(self, delta: Delta) -> Delta | list[Delta]:
+        """``delta`` itself when it passes as it is (text, reasoning: most deltas), or
+        the list of deltas that pass now in its place (calls released once whole; none
+        while a call is held). At the ``Finish``, raises ``ModelError``
+        (``tool_call_missing``) when a call was required and none was made."""
+        if isinstance(delta, ToolCallDelta):
+            ready: list[Delta] = []
+            if delta.index != self.pending_index or (delta.name and self.pending is None):
+                ready = self._release()
+                self.pending_index = delta.index
+                self.pending = _PendingCall(name=delta.name or "", call_id=delta.call_id)
+            if self.pending is not None:
+                self.pending.pieces.append(delta.arguments)
+            return ready
+        if isinstance(delta, Finish):
+            budget_stop = delta.reason in _BUDGET_STOPS
+            ready = self._release(cut_short=budget_stop)
+            if self.policy.mode == "required" and self.request.tools and self.released == 0 and not budget_stop:
+                raise ModelError("The model did not call a tool, but tool_choice requires one.",
+                                 code="tool_call_missing")
+            if delta.reason == "tool_calls" and self.released == 0:
+                delta = Finish("stop", delta.usage)
+            ready.append(delta)
+            return ready
+        return delta
+
+    def _release(self, cut_short: bool = False) -> list[Delta]:
+        call, self.pending = self.pending, None
         if call is None:
             return []
         arguments = "".join(call.pieces) or ("" if cut_short else "{}")
-        reason = _rejection(call.name, arguments, offered, policy.may_call(call.name), released, policy, cut_short,
-                            strict.get(call.name))
+        reason = _rejection(call.name, arguments, self.offered, self.policy.may_call(call.name), self.released,
+                            self.policy, cut_short, self.strict.get(call.name))
         if reason is not None:
-            log.warning("suppressed a call to %r from model %s: %s", call.name, request.model, reason)
+            log.warning("suppressed a call to %r from model %s: %s", call.name, self.request.model, reason)
             return []
-        released += 1
-        return [ToolCallDelta(index=released - 1, name=call.name, arguments=arguments, call_id=call.call_id)]
+        self.released += 1
+        return [ToolCallDelta(index=self.released - 1, name=call.name, arguments=arguments, call_id=call.call_id)]
 
+
+async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
+    """``deltas`` with the policy of ``request`` applied, as a generator (for a consumer
+    that needs one: a strict ``text.format`` check). Closing this iterator closes
+    ``deltas``."""
+    guard = ToolCallGuard(request)
     try:
         async for delta in deltas:
-            if isinstance(delta, ToolCallDelta):
-                if delta.index != pending_index or (delta.name and pending is None):
-                    for ready in release():
-                        yield ready
-                    pending_index = delta.index
-                    pending = _PendingCall(name=delta.name or "", call_id=delta.call_id)
-                if pending is not None:
-                    pending.pieces.append(delta.arguments)
-                continue
-            if isinstance(delta, Finish):
-                budget_stop = delta.reason in _BUDGET_STOPS
-                for ready in release(cut_short=budget_stop):
-                    yield ready
-                if policy.mode == "required" and request.tools and released == 0 and not budget_stop:
-                    raise ModelError(
-                        "The model did not call a tool, but tool_choice requires one.", code="tool_call_missing"
-                    )
-                if delta.reason == "tool_calls" and released == 0:
-                    delta = Finish("stop", delta.usage)
+            passed = guard.feed(delta)
+            if passed is delta:
                 yield delta
-                continue
-            yield delta
+            else:
+                for each in passed:  # type: ignore[union-attr]
+                    yield each
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
 

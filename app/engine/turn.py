@@ -67,9 +67,9 @@ import anyio
 from app.backends.base import Backend, GenerationRequest
 from app.engine.builder import Event, ResponseBuilder
 from app.engine.handoff import Handoff
-from app.engine.output_format import enforce_output_format
+from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.recording import Recording
-from app.engine.tools import enforce_tool_policy
+from app.engine.tools import ToolCallGuard, enforce_tool_policy
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
 from app.protocol.events import RESPONSE_EVENTS
@@ -475,13 +475,24 @@ class Turn:
         )
 
     async def _pump(self, queue: Handoff[object]) -> None:
-        """Move the backend's deltas into the queue; owns (and always closes) the stream."""
-        stream = enforce_output_format(
-            enforce_tool_policy(self.backend.stream(self.request), self.request), self.request
-        )
+        """Move the backend's deltas into the queue through the tool policy (a
+        :class:`ToolCallGuard` called in this loop); owns (and always closes) the stream.
+        A strict ``text.format`` is checked on what the policy passed, so with one the
+        policy runs as a generator below the format's check."""
+        request = self.request
+        source = self.backend.stream(request)
+        guard: ToolCallGuard | None = None
+        if checks_output_format(request):
+            stream = enforce_output_format(enforce_tool_policy(source, request), request)
+        else:
+            stream, guard = source, ToolCallGuard(request)
         try:
             async for delta in stream:
-                if queue.full():  # the consumer is behind: wait for room
+                passed = delta if guard is None else guard.feed(delta)
+                if passed is not delta:  # calls released, a finish: a few per response
+                    for each in passed:  # type: ignore[union-attr]
+                        await queue.put(each)
+                elif queue.full():  # the consumer is behind: wait for room
                     await queue.put(delta)
                 else:
                     queue.put_nowait(delta)

@@ -81,6 +81,8 @@ from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.turn")
 
+_RESPONSE_EVENT_TYPES = frozenset(kind.model_fields["type"].default for kind in RESPONSE_EVENTS)
+
 _QUEUE_SIZE = 256
 _END = object()
 _WAKE = object()
@@ -511,7 +513,7 @@ class Turn:
     def _emit(self, event: Event) -> Emitted:
         if not self._serialize:
             data = ""
-        elif type(event) in RESPONSE_EVENTS:  # the response's JSON, made once per snapshot
+        elif event.type in _RESPONSE_EVENT_TYPES:  # the response's JSON, made once per snapshot
             data = (f'{{"type":"{event.type}","sequence_number":{event.sequence_number},'
                     f'"response":{self._response_json(event.response)}}}')  # type: ignore[attr-defined]
         else:

@@ -10,12 +10,13 @@ import pytest
 from pydantic_core import PydanticSerializationError
 
 from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
-from app.engine.builder import IllegalTransition, ResponseBuilder, TextDeltaEvent
+from app.engine.builder import IllegalTransition, ResponseBuilder, TextDeltaEvent, WireEvent
 from app.engine.echo import initial_response
 from app.errors import ModelError, StoreUnavailable
 from app.protocol.events import OutputTextDelta
 from app.protocol.events import ReasoningDelta as ReasoningDeltaEvent
 from app.protocol.responses import CreateResponseBody
+from app.protocol.tools import offered_functions
 from compliance import check_stream
 
 
@@ -333,4 +334,93 @@ def test_deltas_without_logprobs_are_made_without_their_wire_model() -> None:
         initial_response(CreateResponseBody.model_validate({"model": "m", "input": "hi"}), response_id="resp_t",
                          model="m", status="in_progress"), logprobs=True)
     events = with_logprobs.start() + with_logprobs.feed(TextDelta("a", (TokenLogprob("a", -0.5, ()),)))
-    assert type(events[-1]) is OutputTextDelta and events[-1].logprobs
+    assert events[-1].kind is OutputTextDelta and events[-1].logprobs  # a WireEvent: its fields and JSON
+
+
+# ---------------------------------------------------------------- events without their wire models
+
+
+_TOOLS = [
+    {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}},
+    {"type": "custom", "name": "apply_patch"},
+    {"type": "namespace", "name": "files", "tools": [{"type": "function", "name": "read", "parameters": {}}]},
+]
+
+
+def _offering_builder(*, status: str = "in_progress", logprobs: bool = False,
+                      error_events: bool = True) -> ResponseBuilder:
+    body = CreateResponseBody.model_validate({"model": "m", "input": "hi", "tools": _TOOLS})
+    offered = {function.name: function for function in offered_functions(body.tools)}
+    return ResponseBuilder(initial_response(body, response_id="resp_w", model="m", status=status),
+                           logprobs=logprobs, offered=offered, error_events=error_events)
+
+
+def _lp_random(rng: random.Random) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(_random_text(rng), rng.choice([-0.0, -1e-9, -2.5, -float("inf")]), ())
+                 for _ in range(rng.randint(0, 2)))
+
+
+def _scenario(rng: random.Random) -> list[object]:
+    """One random life of a builder: its events, whatever they are."""
+    logprobs = rng.random() < 0.4
+    builder = _offering_builder(status=rng.choice(["in_progress", "queued"]), logprobs=logprobs,
+                                error_events=rng.random() < 0.7)
+    events = builder.start()
+    if builder.status == "queued":
+        events += builder.begin()
+    call = 0
+    for _ in range(rng.randint(0, 8)):
+        kind = rng.random()
+        if kind < 0.35:
+            events += builder.feed(TextDelta(_random_text(rng), _lp_random(rng) if logprobs else ()))
+        elif kind < 0.55:
+            events += builder.feed(ReasoningDelta(_random_text(rng)))
+        else:
+            name = rng.choice(["get_weather", "apply_patch", "files__read"])
+            events += builder.feed(ToolCallDelta(call, name=name, arguments=rng.choice(['{"a":', "", '"x"'])))
+            events += builder.feed(ToolCallDelta(call, arguments=rng.choice(["1}", "", _random_text(rng)])))
+            call += 1
+    ending = rng.choice(["stop", "length", "tool_calls", "fail", "cancel", "disconnect", "unrecorded"])
+    if ending in ("stop", "length", "tool_calls"):
+        events += builder.feed(Finish(ending, Usage(rng.randint(0, 99), rng.randint(0, 99))))
+    elif ending == "fail":
+        events += builder.fail(ModelError(_random_text(rng) or "broke", code="upstream_error"))
+    elif ending == "cancel":
+        events += builder.cancel()
+    elif ending == "disconnect":
+        events += builder.stop("client_disconnected")
+    else:  # the end, taken back (never sent) as it could not be recorded
+        events += builder.feed(Finish("stop"))[:-1]
+        events += builder.unrecorded(StoreUnavailable("The response store cannot be reached."))
+    return events
+
+
+def test_every_event_is_written_as_its_wire_model_writes_it() -> None:
+    """Events are made as ``WireEvent``\\ s, their JSON written from their fields: over
+    random lives of a builder (text with and without logprobs, reasoning, function,
+    custom and namespace calls, every ending), each event's JSON is its validated wire
+    model's, and every kind of event the builder makes is seen."""
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(400):
+        events = _scenario(rng)
+        for event in events:
+            if isinstance(event, WireEvent):
+                seen.add(event.kind)
+                assert event.model_dump_json() == event.wire().model_dump_json(), event.kind
+        wire = [json.loads(event.model_dump_json()) for event in events]  # type: ignore[attr-defined]
+        if "custom_tool_call" not in json.dumps(wire):  # OpenAI's item, outside the spec's variants
+            check_stream([*wire, "[DONE]"])
+    assert {kind.__name__ for kind in seen} >= {
+        "ResponseCreated", "ResponseQueued", "ResponseInProgress", "ResponseCompleted", "ResponseIncomplete",
+        "ResponseFailed", "OutputItemAdded", "OutputItemDone", "ContentPartAdded", "ContentPartDone",
+        "OutputTextDelta", "OutputTextDone", "ReasoningDone", "FunctionCallArgumentsDelta",
+        "FunctionCallArgumentsDone", "ErrorEvent"}
+
+
+def test_an_event_reads_its_fields_and_lacks_none_it_was_not_given() -> None:
+    builder = _builder()
+    created = builder.start()[0]
+    assert isinstance(created, WireEvent) and created.response is builder.response
+    with pytest.raises(AttributeError):
+        created.item  # noqa: B018

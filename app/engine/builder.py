@@ -170,9 +170,10 @@ _REQUIRED = object()
 
 
 class _Shape:
-    """How the wire model of one event kind writes its JSON: its fields in order, each
-    written by pydantic-core (``to_json``) as the model writes it, a default for one not
-    given, and those its model leaves out when ``None`` (``WireModel.omit_if_none``)."""
+    """How the wire model of one event kind writes its JSON: its fields in order (a
+    default for one not given; left out when ``None`` if its model leaves it out,
+    ``WireModel.omit_if_none``), written by pydantic-core in one call, each nested item,
+    part or error by its own model's serializer."""
 
     __slots__ = ("fields",)
 
@@ -182,19 +183,19 @@ class _Shape:
             if (info.alias or name) != name or (info.serialization_alias or name) != name:
                 raise TypeError(f"{kind.__name__}.{name} has an alias: its JSON cannot be written without the model")
             default = _REQUIRED if info.is_required() else info.get_default(call_default_factory=True)
-            fields.append((name, f'"{name}":', default, name in kind.omit_if_none))
+            fields.append((name, default, name in kind.omit_if_none))
         self.fields = tuple(fields)
 
     def dump(self, values: dict[str, Any]) -> str:
-        parts = []
-        for name, key, default, omit in self.fields:
+        ordered = {}
+        for name, default, omit in self.fields:
             value = values.get(name, default)
             if value is _REQUIRED:
                 raise TypeError(f"the event lacks its field {name!r}")
             if value is None and omit:
                 continue
-            parts.append(key + to_json(value).decode())
-        return "{" + ",".join(parts) + "}"
+            ordered[name] = value
+        return to_json(ordered).decode()
 
 
 _SHAPES: dict[type[StreamEvent], _Shape] = {}

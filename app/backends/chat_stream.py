@@ -61,6 +61,18 @@ class SSEParser:
         self._data: list[str] = []
 
     def feed(self, text: str, *, final: bool = False) -> list[tuple[str, str]]:
+        if (text.endswith("\n\n") and not self._held_cr and not self._data and not self._event
+                and not self._partial and "\r" not in text):
+            # What nearly every upstream sends: whole events, each one ``data:`` line and a
+            # blank one, nothing pending before them. Each event is read from its block at
+            # once; a block of any other shape goes through the lines as below.
+            events = []
+            for block in text[:-2].split("\n\n"):
+                if block.startswith("data:") and "\n" not in block:
+                    events.append(("message", block[6:] if block.startswith(" ", 5) else block[5:]))
+                else:
+                    events += [event for line in (*block.split("\n"), "") if (event := self._line(line)) is not None]
+            return events
         if self._held_cr:
             text, self._held_cr = "\r" + text, False
         if text.endswith("\r") and not final:
@@ -70,7 +82,9 @@ class SSEParser:
         if len(lines) > 1:
             lines[0] = "".join(self._partial) + lines[0]
             self._partial = []
-        self._partial.append(lines.pop())
+        tail = lines.pop()
+        if tail:  # the start of a line to come (none after a line break: nothing pending)
+            self._partial.append(tail)
         if final:
             lines.append("".join(self._partial))
             self._partial = []

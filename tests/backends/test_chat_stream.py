@@ -83,3 +83,24 @@ def test_an_event_stream_is_cut_as_the_grammar_says_whatever_its_line_breaks_and
             events += parser.feed(text[start:end])
         events += parser.feed("", final=True)
         assert events == _reference_events(text), repr(text)
+
+
+def test_whole_events_in_one_piece_are_cut_as_the_grammar_says() -> None:
+    """What nearly every upstream sends (whole events, LF only, nothing pending before
+    them) is read a block at a time: the same events as the lines give, whatever the
+    blocks hold."""
+    rng = random.Random(9)
+    lines = ['data: {"a": "b c"}', "data:{}", "data:  two spaces", "data", "data: ", "event: error", "event:",
+             ": ping", "error: boom", "id: 7", "", "data: \u2028 \u0085 é", 'data: {"x":"\\n"}']
+    for _ in range(2000):
+        blocks = ["\n".join(rng.choice(lines) for _ in range(rng.choice([1, 1, 1, 2, 3])))
+                  for _ in range(rng.randint(1, 6))]
+        pieces = [block + "\n\n" for block in blocks]
+        step = rng.randint(1, 3)  # one or more whole events a piece
+        parser, events = SSEParser(), []
+        for start in range(0, len(pieces), step):
+            events += parser.feed("".join(pieces[start:start + step]))
+        events += parser.feed("", final=True)
+        assert events == _reference_events("".join(pieces)), repr(pieces)
+        whole = SSEParser()
+        assert whole.feed("".join(pieces)) + whole.feed("", final=True) == _reference_events("".join(pieces))

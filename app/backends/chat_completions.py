@@ -67,12 +67,12 @@ from app.backends.base import (
     ToolPolicy,
     ToolSpec,
 )
-from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, upstream_errors
-from app.backends.chat_stream import ChunkDecoder, SSEParser
+from app.backends.chat_errors import error_for_status
+from app.backends.chat_stream import ChunkDecoder
 from app.backends.message_json import MessageJson, dumps
-from app.backends.tool_names import names_back, restored, wire_name
-from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
-from app.errors import ModelError
+from app.backends.tool_names import names_back, wire_name
+from app.backends.upstream_http import DEFAULT_TIMEOUT, AnswerDecoder, HttpUpstream, Timeouts
+from app.errors import ORSError
 
 logger = logging.getLogger("ors.upstream")
 PATH = "/chat/completions"
@@ -126,60 +126,28 @@ class ChatCompletionsBackend(HttpUpstream):
 
     # -- generation --------------------------------------------------------------------------
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        """Stream one chat completion as normalized deltas, ending with exactly one ``Finish``.
-
-        The upstream response lives inside this generator: closing the generator (``aclose``)
-        or cancelling its consumer closes the HTTP response, which drops the connection, and
-        servers stop generating for a client that went away. A stream that ends (or breaks)
-        before the upstream reported a ``finish_reason`` or sent ``[DONE]`` raises
-        ``ModelError`` instead of passing off truncated output as complete.
-
-        One retry, invisible to the consumer: when the connection breaks before the upstream
-        sent a single event. That is how a pooled keep-alive connection that the server has
-        just closed fails; no output has been seen, so nothing is repeated or lost.
-        """
-        url = self.base_url + PATH
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream one chat completion as normalized deltas, ending with exactly one
+        ``Finish`` (see :meth:`HttpUpstream.deltas`: closing, the one retry). A stream
+        that ends (or breaks) before the upstream reported a ``finish_reason`` or sent
+        ``[DONE]`` raises ``ModelError`` instead of passing off truncated output as
+        complete."""
         payload = self.payload(request, messages=False)
-        body = self._body(payload, request.messages)
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
-        back = names_back(request.tools)  # calls come back under their wire names
-        stream = payload["stream"]
-        for attempt in (1, 2):
-            decoder = ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs)
-            # One generator from the answer to the consumer: the request, its answer and
-            # its parsing run in this loop, so each delta crosses no layer of its own.
-            try:
-                with upstream_errors(url):
-                    async with self.post_stream(PATH, body, stream=stream) as response:
-                        if not 200 <= response.status < 300:
-                            failure = await response.read(ERROR_BODY_LIMIT)
-                            raise error_for_status(response.status, failure, model=request.model, url=url,
-                                                   logprobs=bool(payload.get("logprobs")))
-                        if response.headers.get("content-type", "").startswith("application/json"):
-                            # One whole completion: asked so (``request.incremental`` off), or
-                            # a server that ignored ``stream: true``.
-                            for delta in decoder.feed_whole(await response.read()):
-                                yield restored(delta, back) if back else delta
-                        else:
-                            # After [DONE], read on to the end of the body: only a response
-                            # read to its end gives its connection back to the pool.
-                            parser = SSEParser()
-                            async for chunk in response.chunks():
-                                for delta in decoder.feed_events(parser.feed_bytes(chunk)):
-                                    yield restored(delta, back) if back else delta
-                            for delta in decoder.feed_events(parser.end()):
-                                yield restored(delta, back) if back else delta
-            except ModelError as exc:
-                if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
-                    logger.info("retrying a request whose connection to %s broke before any event", url)
-                    continue
-                raise
-            break
-        if decoder.missing_logprobs:
-            logger.warning("the upstream at %s sent no logprobs for model %s although they were asked",
-                           url, request.model)
-        yield decoder.finish()
+        logprobs = bool(payload.get("logprobs"))
+
+        def refused(status: int, body: bytes, url: str) -> ORSError:
+            return error_for_status(status, body, model=request.model, url=url, logprobs=logprobs)
+
+        def finished(decoder: AnswerDecoder, url: str) -> None:
+            if isinstance(decoder, ChunkDecoder) and decoder.missing_logprobs:
+                logger.warning("the upstream at %s sent no logprobs for model %s although they were asked",
+                               url, request.model)
+
+        return self.deltas(
+            PATH, self._body(payload, request.messages), stream=payload["stream"],
+            decoder=lambda: ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs),
+            refused=refused, back=names_back(request.tools), finished=finished)
 
     def payload(self, request: GenerationRequest, *, messages: bool = True) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (streaming unless the

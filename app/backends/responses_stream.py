@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +140,11 @@ class ResponsesEventDecoder:
             if isinstance(payload.get("delta"), str):
                 call.arguments.append(payload["delta"])
         return []
+
+    def feed_events(self, events: Iterable[tuple[str, str]]) -> Iterator[Delta]:
+        """:meth:`feed_event` for each of ``events``, in order."""
+        for event, data in events:
+            yield from self.feed_event(event, data)
 
     def feed_whole(self, body: bytes) -> list[Delta]:
         """A whole ``ResponseResource`` (an upstream that ignored ``stream: true``)."""

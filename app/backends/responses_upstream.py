@@ -28,23 +28,19 @@ a single event (a pooled keep-alive connection the server had just closed).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
-from app.backends.chat_errors import ERROR_BODY_LIMIT, upstream_errors
-from app.backends.chat_stream import SSEParser
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
-from app.backends.tool_names import names_back, restored, wire_name
+from app.backends.tool_names import names_back, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
-from app.errors import ModelError
+from app.errors import ORSError
 
-logger = logging.getLogger("ors.upstream")
 PATH = "/responses"
 """Where this wire API's requests go, below the upstream's base URL."""
 
@@ -87,51 +83,22 @@ class ResponsesUpstreamBackend(HttpUpstream):
             lambda message: ",".join(dumps(item) for item in input_items((message,),
                                                                          replay_reasoning=self.replay_reasoning)))
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        """Stream one upstream response as deltas, ending with exactly one ``Finish``.
-
-        Closing the generator closes the upstream HTTP response (the upstream stops for a
-        client that went away). A stream that ends before the upstream's terminal event
-        raises ``ModelError`` (``upstream_disconnected``)."""
-        url = self.base_url + PATH
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream one upstream response as deltas, ending with exactly one ``Finish`` (see
+        :meth:`HttpUpstream.deltas`: closing, the one retry). A stream that ends before
+        the upstream's terminal event raises ``ModelError`` (``upstream_disconnected``)."""
         payload = self.payload(request, input=False)
-        body = self._input_json.body(payload, "input", request.messages)  # each message's items made once
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
-        back = names_back(request.tools)  # calls come back under their wire names
-        stream = payload["stream"]
-        for attempt in (1, 2):
-            decoder = ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs)
-            # One generator from the answer to the consumer (as the Chat Completions adapter)
-            try:
-                with upstream_errors(url):
-                    async with self.post_stream(PATH, body, stream=stream) as response:
-                        if not 200 <= response.status < 300:
-                            failure = await response.read(ERROR_BODY_LIMIT)
-                            raise http_error(response.status, failure, model=request.model, url=url,
-                                             logprobs=LOGPROBS_INCLUDE in payload.get("include", ()))
-                        if response.headers.get("content-type", "").startswith("application/json"):
-                            # asked whole, or an upstream that ignored ``stream: true``
-                            for delta in decoder.feed_whole(await response.read()):
-                                yield restored(delta, back) if back else delta
-                        else:
-                            # Read to the end of the body even after the terminal event (the
-                            # decoder ignores what follows): only a response read to its end
-                            # gives its connection back to the pool.
-                            parser = SSEParser()
-                            async for chunk in response.chunks():
-                                for event, data in parser.feed_bytes(chunk):
-                                    for delta in decoder.feed_event(event, data):
-                                        yield restored(delta, back) if back else delta
-                            for event, data in parser.end():
-                                for delta in decoder.feed_event(event, data):
-                                    yield restored(delta, back) if back else delta
-            except ModelError as exc:
-                if attempt == 1 and exc.code == "upstream_disconnected" and not decoder.received:
-                    logger.info("retrying a request whose connection to %s broke before any event", url)
-                    continue
-                raise
-            break
-        yield decoder.finish()
+        logprobs = LOGPROBS_INCLUDE in payload.get("include", ())
+
+        def refused(status: int, body: bytes, url: str) -> ORSError:
+            return http_error(status, body, model=request.model, url=url, logprobs=logprobs)
+
+        return self.deltas(
+            PATH, self._input_json.body(payload, "input", request.messages),  # each message's items made once
+            stream=payload["stream"],
+            decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs),
+            refused=refused, back=names_back(request.tools))
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless, and streaming unless

@@ -24,16 +24,18 @@ import json
 import logging
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager as AsyncContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from app import jsontext
-from app.backends.base import Backend, ModelInfo
+from app.backends.base import Backend, Delta, Finish, ModelInfo
+from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, upstream_errors
+from app.backends.chat_stream import SSEParser
 from app.backends.http1 import Client, Connection
-from app.backends.chat_errors import error_for_status, upstream_errors
-from app.errors import ORSError
+from app.backends.tool_names import restored
+from app.errors import ModelError, ORSError
 
 logger = logging.getLogger("ors.upstream")
 
@@ -62,6 +64,20 @@ _ACCEPT_JSON = b"Accept: application/json\r\n"
 _JSON_BODY = b"Content-Type: application/json\r\n"
 _STREAM_HEADERS = b"Accept: text/event-stream\r\n" + _JSON_BODY
 _WHOLE_HEADERS = _ACCEPT_JSON + _JSON_BODY
+
+
+class AnswerDecoder(Protocol):
+    """What a wire adapter reads an upstream's answer with (``ChunkDecoder``,
+    ``ResponsesEventDecoder``)."""
+
+    received: bool
+    """Whether anything of an answer was read (a retry is safe only before)."""
+
+    def feed_whole(self, body: bytes) -> list[Delta]: ...
+
+    def feed_events(self, events: Iterable[tuple[str, str]]) -> Iterable[Delta]: ...
+
+    def finish(self) -> Finish: ...
 
 
 class HttpUpstream(Backend):
@@ -128,6 +144,57 @@ class HttpUpstream(Backend):
         body = payload if isinstance(payload, bytes) else jsontext.dumps_bytes(payload)
         return self._http().request("POST", self._base_path + path, body,
                                     _STREAM_HEADERS if stream else _WHOLE_HEADERS)
+
+    async def deltas(
+        self, path: str, body: bytes, *, stream: bool, decoder: Callable[[], AnswerDecoder],
+        refused: Callable[[int, bytes, str], ORSError], back: Mapping[str, str],
+        finished: Callable[[AnswerDecoder, str], None] | None = None,
+    ) -> AsyncIterator[Delta]:
+        """A request's deltas, ending with exactly one ``Finish`` (the decoder's): the one
+        generator from the upstream's answer to the consumer. The request, its answer
+        and its parsing run in this loop, so each delta crosses no layer of its own.
+
+        ``body`` goes to ``path`` (``stream``: asking for an event stream); a status
+        other than 2xx is ``refused(status, body, url)``; a JSON answer (asked whole, or
+        an upstream that ignored ``stream: true``) is read whole, an event stream as it
+        comes, and read on to its end after the terminal event (only an answer read to
+        its end gives its connection back to the pool). Calls come back under their
+        wire names, turned back by ``back``; ``finished`` sees the decoder before its
+        ``Finish`` is made.
+
+        The upstream's answer lives inside this generator: closing it (``aclose``) or
+        cancelling its consumer closes the answer's connection, and servers stop
+        generating for a client that went away. One retry, invisible to the consumer:
+        when the connection breaks before the upstream sent a single event. That is how
+        a pooled keep-alive connection that the server has just closed fails; no output
+        has been seen, so nothing is repeated or lost."""
+        url = self.base_url + path
+        for attempt in (1, 2):
+            current = decoder()
+            try:
+                with upstream_errors(url):
+                    async with self.post_stream(path, body, stream=stream) as answer:
+                        if not 200 <= answer.status < 300:
+                            raise refused(answer.status, await answer.read(ERROR_BODY_LIMIT), url)
+                        if answer.headers.get("content-type", "").startswith("application/json"):
+                            for delta in current.feed_whole(await answer.read()):
+                                yield restored(delta, back) if back else delta
+                        else:
+                            parser = SSEParser()
+                            async for chunk in answer.chunks():
+                                for delta in current.feed_events(parser.feed_bytes(chunk)):
+                                    yield restored(delta, back) if back else delta
+                            for delta in current.feed_events(parser.end()):
+                                yield restored(delta, back) if back else delta
+            except ModelError as exc:
+                if attempt == 1 and exc.code == "upstream_disconnected" and not current.received:
+                    logger.info("retrying a request whose connection to %s broke before any event", url)
+                    continue
+                raise
+            break
+        if finished is not None:
+            finished(current, url)
+        yield current.finish()
 
     # -- models ------------------------------------------------------------------------------
 

@@ -229,7 +229,14 @@ class ChunkDecoder:
                 continue
             whole = "message" in choice and "delta" not in choice
             delta = choice.get("message" if whole else "delta") or {}
-            if isinstance(delta, dict):
+            content = delta.get("content") if isinstance(delta, dict) else None
+            if (content.__class__ is str and self.top_logprobs is None and not whole
+                    and not (delta.get("reasoning_content") or delta.get("reasoning") or delta.get("refusal")
+                             or delta.get("tool_calls"))):
+                # a token of text and nothing else: what nearly every chunk is
+                if content:
+                    deltas.append(TextDelta(content))
+            elif isinstance(delta, dict):
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 if isinstance(reasoning, str) and reasoning:
                     deltas.append(ReasoningDelta(reasoning))

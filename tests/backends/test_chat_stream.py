@@ -7,7 +7,7 @@ import json
 import random
 import re
 
-from app.backends.base import Finish, Usage
+from app.backends.base import Finish, ReasoningDelta, TextDelta, Usage
 from app.backends.chat_stream import ChunkDecoder, SSEParser
 
 
@@ -104,3 +104,27 @@ def test_whole_events_in_one_piece_are_cut_as_the_grammar_says() -> None:
         assert events == _reference_events("".join(pieces)), repr(pieces)
         whole = SSEParser()
         assert whole.feed("".join(pieces)) + whole.feed("", final=True) == _reference_events("".join(pieces))
+
+
+def test_a_chunk_of_text_alone_reads_as_any_chunk() -> None:
+    """A chunk whose delta holds text and nothing else is read without the general
+    walk; over random deltas of every shape, the deltas are what the rules say: the
+    reasoning (either field, once), then the text, then a refusal."""
+    rng = random.Random(3)
+    values = [None, "", "tok", "«é»", [{"type": "text", "text": "part"}], 7]
+    for _ in range(3000):
+        delta = {key: rng.choice(values) for key in ("content", "role", "reasoning_content", "reasoning", "refusal")
+                 if rng.random() < 0.5}
+        if rng.random() < 0.5:
+            delta["content"] = rng.choice(["a", "tok ", "\u2028"])
+        chunk = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        expected = []
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str) and reasoning:
+            expected.append(ReasoningDelta(reasoning))
+        for key in ("content", "refusal"):
+            value = delta.get(key)
+            text = value if isinstance(value, str) else "part" if isinstance(value, list) else ""
+            if text:
+                expected.append(TextDelta(text))
+        assert ChunkDecoder().feed(chunk) == expected, delta

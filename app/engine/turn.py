@@ -60,7 +60,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 
@@ -130,8 +130,7 @@ class TurnPhase(enum.Enum):
     """Its outcome is final (recorded), or it failed before its first event."""
 
 
-@dataclass(frozen=True, slots=True)
-class Emitted:
+class Emitted(NamedTuple):
     """One event as it leaves the engine: its type and its JSON, made once."""
 
     type: str

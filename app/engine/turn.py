@@ -519,7 +519,8 @@ class Turn:
             data = event.model_dump_json()
         emitted = Emitted(event.type, data)
         self.emitted.append(emitted)
-        self._wake()
+        if self._watchers:  # most turns have none: no call per event to find that out
+            self._wake()
         return emitted
 
     def _response_json(self, resource: ResponseResource) -> str:

@@ -59,7 +59,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic_core import to_json
 
@@ -113,19 +113,18 @@ class IllegalTransition(RuntimeError):
     """A state machine was asked to make a move the spec forbids."""
 
 
-@dataclass(frozen=True, slots=True)
-class Unread:
+class Unread(NamedTuple):
     """An event of a quiet builder: what it is and where it stands, nothing more."""
 
     type: str
     sequence_number: int
 
 
-@dataclass(frozen=True, slots=True)
-class TextDeltaEvent:
+class TextDeltaEvent(NamedTuple):
     """A text or reasoning delta without logprobs, and its JSON (see the module
     docstring): what the wire model of its ``type`` serializes to, the text escaped by
-    pydantic-core as every event's is (a lone surrogate raises as it does there)."""
+    pydantic-core as every event's is (a lone surrogate raises as it does there). A
+    named tuple: made once a token, without a ``__setattr__`` a field."""
 
     type: str
     sequence_number: int

@@ -17,7 +17,8 @@ finish first.
 
 How. A write is a picklable function of a SQLAlchemy ``Connection`` (a module-level
 function, or a ``functools.partial`` of one with plain arguments). The server sends it
-over a Unix socket pair, in a frame ``(length, sequence number, flush)`` + pickle; the
+over a Unix socket pair, in a frame ``(length, sequence number, flush)`` + pickle (a
+partial as its function's name and its arguments: :func:`wire_form`); the
 writer takes every frame waiting, runs them in one transaction (:class:`Committer`), and
 answers with one frame per batch: each write's sequence number and its pickled result
 or exception. On the server's side the socket is an asyncio transport: sending never
@@ -37,6 +38,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
+import importlib
 import logging
 import os
 import pickle
@@ -47,12 +50,14 @@ import struct
 import subprocess
 import sys
 from collections.abc import Callable
+from types import FunctionType
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import URL, Connection, make_url
 
 from app.errors import ServerError
 from app.store.group_commit import CHECKPOINT_EVERY
+from app.store.schema import Serialized
 
 log = logging.getLogger("ors.store")
 
@@ -198,7 +203,7 @@ class _Channel(asyncio.Protocol):
     def send(self, sequence: int, work: Work, flush: bool) -> asyncio.Future[Any]:
         """Queue a write's frame; the frames queued in one turn of the loop leave
         together at its end (one system call, and the writer wakes once for them)."""
-        body = pickle.dumps(work, pickle.HIGHEST_PROTOCOL)
+        body = pickle.dumps(wire_form(work), pickle.HIGHEST_PROTOCOL)
         done: asyncio.Future[Any] = self._owner._loop.create_future()
         self._waiting[sequence] = done
         if not self._outgoing:
@@ -265,6 +270,71 @@ def _settle(done: asyncio.Future[Any], ok: bool, payload: bytes) -> None:
     else:
         done.set_exception(value)
         done.exception()  # a caller that went away never retrieves it
+
+
+# -- a write on the wire ----------------------------------------------------------------
+
+_PLAIN, _SERIALIZED, _PARTIAL = 0, 1, 2
+_NAMES: dict[FunctionType, str] = {}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def wire_form(work: Work) -> Any:
+    """``work`` as plain data for pickle: a ``functools.partial`` of a module-level
+    function (every write of the store) becomes ``(name, arguments, kinds, keywords)``,
+    a :class:`~app.store.schema.Serialized` argument its text and status, a partial
+    argument (an events packer) the same form again; anything else is sent as it is.
+
+    Why: pickle saves a partial through reducers (its class, its function by name, its
+    state) and a ``Serialized`` through a Python ``__reduce__``. A stored stream's two
+    writes took 8.5 µs to pickle so, the same data plain 3.2 µs."""
+    if type(work) is not functools.partial or type(work.func) is not FunctionType:
+        return work
+    func = work.func
+    name = _NAMES.get(func)
+    if name is None:
+        if "<" in func.__qualname__:  # a nested function: only pickle can say it cannot be sent
+            return work
+        name = _NAMES[func] = f"{func.__module__}:{func.__qualname__}"
+    arguments = []
+    kinds = []
+    for argument in work.args:
+        kind = type(argument)
+        if kind is Serialized:
+            arguments.append((str(argument), argument.status))
+            kinds.append(_SERIALIZED)
+        elif kind is functools.partial:
+            form = wire_form(argument)
+            arguments.append(form)
+            kinds.append(_PLAIN if form is argument else _PARTIAL)
+        else:
+            arguments.append(argument)
+            kinds.append(_PLAIN)
+    return name, arguments, bytes(kinds), work.keywords or None
+
+
+def from_wire(form: Any) -> Work:
+    """The write :func:`wire_form` sent."""
+    if type(form) is not tuple:
+        return form  # type: ignore[no-any-return]
+    name, arguments, kinds, keywords = form
+    for index, kind in enumerate(kinds):
+        if kind == _SERIALIZED:
+            arguments[index] = Serialized(*arguments[index])
+        elif kind == _PARTIAL:
+            arguments[index] = from_wire(arguments[index])
+    return functools.partial(_function(name), *arguments, **(keywords or {}))
+
+
+def _function(name: str) -> Callable[..., Any]:
+    function = _FUNCTIONS.get(name)
+    if function is None:
+        module, _, qualname = name.partition(":")
+        function = importlib.import_module(module)
+        for part in qualname.split("."):
+            function = getattr(function, part)
+        _FUNCTIONS[name] = function
+    return function
 
 
 # -- the writer's side -------------------------------------------------------------------
@@ -388,7 +458,7 @@ def serve(sock: socket.socket, url: str, max_batch: int) -> None:
             runnable: list[int] = []
             for sequence, flush, body in frames:
                 try:
-                    batch.append((pickle.loads(body), flush))
+                    batch.append((from_wire(pickle.loads(body)), flush))
                     runnable.append(sequence)
                 except Exception as error:  # noqa: BLE001 - that write fails alone
                     ready.append((sequence, (False, ServerError(f"The store's writer cannot read a write: {error!r}"))))

@@ -21,7 +21,8 @@ from sqlalchemy.engine import Connection
 from app.errors import ServerError
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
-from app.store.sqlite_writer import WriterProcess, WriterStopped
+from app.store.schema import Serialized
+from app.store.sqlite_writer import WriterProcess, WriterStopped, from_wire, wire_form
 from tests.store.helpers import new_response
 
 pytestmark = pytest.mark.anyio
@@ -168,3 +169,38 @@ async def test_the_writer_ends_when_the_server_is_killed(tmp_path: Path, tenant:
     await _until_gone(int(pid))
 
 
+
+
+def _record(tenant: str, resource: Serialized, rows: list[dict[str, object]], body: object,
+            connection: Connection, *, flush: bool = True) -> None:
+    raise AssertionError("only sent, never run")
+
+
+def _pack(events: list[str]) -> bytes:
+    return "\n".join(events).encode()
+
+
+def test_a_write_crosses_as_its_function_name_and_plain_arguments() -> None:
+    resource = Serialized('{"id":"resp_1","status":"completed"}', "completed")
+    rows = [{"response_id": "resp_1", "position": 0, "item": {"type": "message", "content": []}}]
+    work = functools.partial(_record, "tenant", resource, rows, functools.partial(_pack, ["{}", "{}"]), flush=False)
+    sent = pickle.dumps(wire_form(work), pickle.HIGHEST_PROTOCOL)
+    # no reducer ran: neither the partials nor the Serialized document were pickled as objects
+    assert b"functools" not in sent and b"Serialized" not in sent and b"_pack" in sent
+    back = from_wire(pickle.loads(sent))
+    assert isinstance(back, functools.partial) and back.func is _record and back.keywords == {"flush": False}
+    tenant, document, items, packer = back.args
+    assert tenant == "tenant" and items == rows
+    assert type(document) is Serialized and document == resource and document.status == "completed"
+    assert isinstance(packer, functools.partial) and packer.func is _pack and packer() == b"{}\n{}"
+
+
+def test_what_is_not_a_partial_of_a_module_function_crosses_as_pickle_sends_it() -> None:
+    assert wire_form(_pid) is _pid
+    local = functools.partial(lambda connection: None)
+    assert wire_form(local) is local  # pickle says it cannot be sent, as before
+    bound = functools.partial(Serialized, "{}")
+    assert wire_form(bound) is bound
+    packer_of_a_local = functools.partial(_sleep, functools.partial(lambda: 1))
+    form = wire_form(packer_of_a_local)
+    assert form[1][0] is packer_of_a_local.args[0]  # an argument that cannot cross as a name stays as it is

@@ -195,7 +195,6 @@ class Turn:
         """Set (and replaced) whenever an event is emitted or the turn ends, if anyone
         waits on it (``_watchers``): a turn nobody follows allocates nothing per event."""
         self._watchers = 0
-        self._ended = asyncio.Event()
         self._queue: Handoff[object] | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._control: _Cancelled | _Interrupted | None = None
@@ -286,7 +285,8 @@ class Turn:
 
     async def wait_ended(self) -> None:
         """Until the turn's outcome is final (see :class:`TurnPhase`)."""
-        await self._ended.wait()
+        while not self.ended:
+            await self._await_change(self._changed)
 
     def abandon(self) -> None:
         """Mark a turn whose driver stopped as ended, if it is not already: a task
@@ -298,7 +298,6 @@ class Turn:
         if self.phase is TurnPhase.ENDED:
             return
         self.phase = TurnPhase.ENDED
-        self._ended.set()
         self._wake()
 
     async def _await_change(self, changed: asyncio.Event) -> None:

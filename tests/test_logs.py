@@ -189,3 +189,32 @@ def test_an_access_line_written_directly_is_the_line_logging_writes(
     assert direct == standard
     assert '127.0.0.1:50412 - \\"POST /v1/responses?a=1 HTTP/1.1\\" 200 1.3ms' in direct if fmt == "json" else \
         '[req-1] 127.0.0.1:50412 - "POST /v1/responses?a=1 HTTP/1.1" 200 1.3ms' in direct
+
+
+@anyio
+async def test_access_lines_are_formatted_when_written_in_their_place_among_the_others(
+    server_logging: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An access line waits as its fields and is formatted as the buffer is written,
+    between the lines logged before and after it; the time it shows is its response's
+    end, not the moment it is written."""
+    import time
+
+    logs.configure("info", "text", buffered=True)
+    handler = logging.getLogger().handlers[0]
+    stream = CountingStream()
+    handler.stream = stream
+    scope = {"client": ("127.0.0.1", 50412), "path": "/v1/responses", "query_string": b"", "method": "POST",
+             "http_version": "1.1"}
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.25)
+    logging.getLogger("ors.test").info("first")
+    logs.log_access(scope, 200, 0.0013)
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_001.5)
+    logs.log_access(scope, 503, 0.5)
+    assert stream.writes == 0 and any(isinstance(line, logs.AccessLine) for line in handler._lines)
+    logging.getLogger("ors.test").warning("second")
+    lines = stream.getvalue().splitlines()
+    assert stream.writes == 1 and len(lines) == 4
+    assert lines[0].endswith("INFO ors.test [-] first") and lines[3].endswith("WARNING ors.test [-] second")
+    assert lines[1].endswith('127.0.0.1:50412 - "POST /v1/responses HTTP/1.1" 200 1.3ms') and ",250 INFO" in lines[1]
+    assert lines[2].endswith('127.0.0.1:50412 - "POST /v1/responses HTTP/1.1" 503 500.0ms') and ",500 INFO" in lines[2]

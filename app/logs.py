@@ -100,7 +100,7 @@ class BufferedStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     An access line is held as its fields (:class:`AccessLine`) and formatted when the
     buffer is written, with the lines around it in order: formatting each as its
-    response ended cost about 5% of a ``store: false`` JSON answer's throughput in front
+    response ended cost about 6% of a ``store: false`` JSON answer's throughput in front
     of a fast upstream (an A/B of two servers, alternating), formatting them together
     a fraction of that."""
 

@@ -293,9 +293,14 @@ def wire_form(work: Work) -> Any:
     func = work.func
     name = _NAMES.get(func)
     if name is None:
-        if "<" in func.__qualname__:  # a nested function: only pickle can say it cannot be sent
+        name = f"{func.__module__}:{func.__qualname__}"
+        try:
+            found = _function(name)
+        except (ImportError, AttributeError):
+            found = None
+        if found is not func:  # not found by its name (a nested function): pickle says why it cannot be sent
             return work
-        name = _NAMES[func] = f"{func.__module__}:{func.__qualname__}"
+        _NAMES[func] = name
     arguments = []
     kinds = []
     for argument in work.args:

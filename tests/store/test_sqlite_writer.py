@@ -176,6 +176,17 @@ def _record(tenant: str, resource: Serialized, rows: list[dict[str, object]], bo
     raise AssertionError("only sent, never run")
 
 
+def _shadowed_then_replaced(connection: Connection) -> None:
+    raise AssertionError("never sent")
+
+
+_first_of_the_name = _shadowed_then_replaced
+
+
+def _shadowed_then_replaced(connection: Connection) -> None:  # type: ignore[no-redef]  # noqa: F811
+    raise AssertionError("never sent either")
+
+
 def _pack(events: list[str]) -> bytes:
     return "\n".join(events).encode()
 
@@ -201,6 +212,8 @@ def test_what_is_not_a_partial_of_a_module_function_crosses_as_pickle_sends_it()
     assert wire_form(local) is local  # pickle says it cannot be sent, as before
     bound = functools.partial(Serialized, "{}")
     assert wire_form(bound) is bound
+    shadowed = functools.partial(_first_of_the_name)  # its name finds another function now
+    assert wire_form(shadowed) is shadowed
     packer_of_a_local = functools.partial(_sleep, functools.partial(lambda: 1))
     form = wire_form(packer_of_a_local)
     assert form[1][0] is packer_of_a_local.args[0]  # an argument that cannot cross as a name stays as it is

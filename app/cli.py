@@ -15,8 +15,8 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from app import gate_cli, logs
-from compliance import __main__ as compliance_cli
 from app.config import Settings
+from compliance import __main__ as compliance_cli
 
 PRIVATE_UMASK = 0o077
 """The file mode creation mask of ``ors serve``: files 0600, directories 0700."""

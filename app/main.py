@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import dataclasses
+import gc
 import inspect
-import uuid
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,22 +16,22 @@ from fastapi import FastAPI
 
 from app.backends.base import Backend
 from app.config import Settings
-from app.metrics import Metrics
+from app.engine.engine import Engine
 from app.engine.history import HistoryCache
 from app.engine.models import ModelRouter, Route
 from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
-from app.engine.engine import Engine
+from app.metrics import Metrics
 from app.store.factory import open_store, open_when_reachable
 from app.store.retention import Retention
-from app.transport.metrics import install_metrics
-from app.transport.request_id import RequestIdMiddleware
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import install_error_handlers
 from app.transport.guards import BodyBudget, Cors, Guards, exposure_problem, is_loopback
 from app.transport.http import install_routes
+from app.transport.metrics import install_metrics
 from app.transport.ratelimit import rate_limiter
+from app.transport.request_id import RequestIdMiddleware
 from app.upstreams_config import UpstreamSpec
 
 log = logging.getLogger("ors")

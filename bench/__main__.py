@@ -1,6 +1,6 @@
 """``python -m bench [overhead|embedded|proxy|instructions] [options]``: the benchmarks; with
-no name, all of them but ``instructions`` (what ``make bench`` runs). Each prints its figures; ``embedded`` and ``proxy``
-also write a JSON report and a plot under ``bench/results/`` (not committed)."""
+no name, all of them but ``instructions`` (what ``make bench`` runs). Each prints its figures;
+``embedded`` and ``proxy`` also write a JSON report and a plot under ``bench/results/`` (not committed)."""
 
 from __future__ import annotations
 

@@ -45,8 +45,8 @@ import httpx
 from app.backends.base import ChatMessage
 from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
 from app.backends.local import DEFAULT_PARALLEL
-from app.backends.vocabulary import Vocabulary
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
+from app.backends.vocabulary import Vocabulary
 from app.config import Settings
 from bench.procfs import children_named, cpu_seconds, rss_mib
 from tests.live import ServerProcess
@@ -107,8 +107,8 @@ async def _stall(running: Any, arrive: Any, ticks: Ticks) -> dict[str, float]:
     evaluated = began + arrived.first
     ticks.stop.set()
     await task
-    before = [b - a for a, b in zip(ticks.times, ticks.times[1:]) if b <= began]
-    meanwhile = [b - a for a, b in zip(ticks.times, ticks.times[1:]) if b > began and a < evaluated]
+    before = [b - a for a, b in zip(ticks.times, ticks.times[1:], strict=False) if b <= began]
+    meanwhile = [b - a for a, b in zip(ticks.times, ticks.times[1:], strict=False) if b > began and a < evaluated]
     return {"stall_longest_gap_s": max(meanwhile, default=evaluated - began),
             "stall_usual_gap_s": sorted(before)[len(before) // 2] if before else 0.0,
             "stall_prompt_s": arrived.first}

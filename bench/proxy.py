@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import proxy_report
+from bench.floor import FloorProcess
 from bench.procfs import children_named
 from bench.proxy_load import Samples, Target, block, chain, open_streams
-from bench.floor import FloorProcess
 from bench.stub import MODEL, StubProcess, hold_model
 from bench.wire import CHAT_PROBE, RESPONSES_PROBE, post
 from tests.live import ServerProcess, free_port

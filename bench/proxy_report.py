@@ -177,7 +177,8 @@ def _print(report: dict[str, Any]) -> None:
         cpu = {key: row["cpu_ms_per_request"] for key, row in added.items()}
         above = ", ".join(f"{fmt} {label} {cpu[f'{fmt}/{path}'] - cpu[f'{fmt}/{FLOOR}']:+.2f} ms"
                           for fmt in ("json", "sse") for path, label in PATHS.items())
-        print("  floor: a bare forwarder on ors's stack (uvicorn, ors's upstream client), nothing validated, translated or stored; "
+        print("  floor: a bare forwarder on ors's stack (uvicorn, ors's upstream client), "
+              "nothing validated, translated or stored; "
               f"a reference, held to no target. ors's CPU per request above it: {above}")
     direct_first = {fmt: figures["c1"][f"{fmt}/direct"]["new_connection_p50_ms"] for fmt in ("json", "sse")}
     print("  a connection's first request, p50 (not in the figures above): direct json "

@@ -22,8 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compliance import http_checks  # noqa: F401 - registers the HTTP checks
-from compliance import ws_checks  # noqa: F401 - registers the WebSocket checks
+from compliance import (
+    http_checks,  # noqa: F401 - registers the HTTP checks
+    ws_checks,  # noqa: F401 - registers the WebSocket checks
+)
 from compliance.html_report import render
 from compliance.suite import REGISTRY, Outcome, SuiteConfig, run, run_concurrently, select
 
@@ -90,7 +92,7 @@ def run_arguments(arguments: argparse.Namespace) -> int:
         return 2
     failed = False
     started = time.monotonic()
-    when = datetime.datetime.now(datetime.timezone.utc)
+    when = datetime.datetime.now(datetime.UTC)
     seen: list[Outcome] = []
     outcomes = run_concurrently(config, checks) if arguments.concurrent else run(config, checks)
     for outcome in outcomes:

@@ -67,7 +67,8 @@ def _exchange(index: int, exchange: dict[str, Any]) -> str:
         head += f" → {exchange['status']} <span class='meta'>{_e(exchange['content_type'])}</span>"
     sent = "".join(f"<pre>{_e(_pretty(message))}</pre>" for message in exchange["sent"])
     received = "".join(f"<pre>{_e(_pretty(message))}</pre>" for message in exchange["received"])
-    cut = f"<p class='meta'>{exchange['truncated_bytes']:,} more bytes not kept.</p>" if exchange["truncated_bytes"] else ""
+    cut = (f"<p class='meta'>{exchange['truncated_bytes']:,} more bytes not kept.</p>"
+           if exchange["truncated_bytes"] else "")
     count = len(exchange["received"])
     return (
         f"<h4>{head}</h4><p class='meta'>sent</p>{sent or '<p class=meta>(no body)</p>'}"

@@ -221,7 +221,7 @@ def with_items(spec: Spec, items: Mapping[str, Mapping[str, Any]]) -> Spec:
     return Spec(document, source=f"{spec.source} with {', '.join(items)}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _load_spec_cached(resolved_path: str) -> Spec:
     with open(resolved_path, encoding="utf-8") as handle:
         document = json.load(handle)

@@ -278,7 +278,7 @@ class StreamChecker:
                 f"the final response has {len(output)} output items but {len(self.items)} were streamed",
                 json_path="$.response.output",
             )
-        for index, (final_item, streamed) in enumerate(zip(output, self.items)):
+        for index, (final_item, streamed) in enumerate(zip(output, self.items, strict=False)):
             path = f"$.response.output[{index}]"
             if streamed.done is None:
                 _require((final_item.get("id"), final_item.get("type")) == (streamed.id, streamed.type), path,
@@ -487,7 +487,7 @@ def _difference(expected: Any, actual: Any, path: str = "") -> str:
             if expected.get(key, _MISSING) != actual.get(key, _MISSING):
                 return _difference(expected.get(key, _MISSING), actual.get(key, _MISSING), f"{path}.{key}")
     if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
-        for index, (left, right) in enumerate(zip(expected, actual)):
+        for index, (left, right) in enumerate(zip(expected, actual, strict=False)):
             if left != right:
                 return _difference(left, right, f"{path}[{index}]")
     return f"{path or 'value'} is {_clip(repr(actual))}, streamed {_clip(repr(expected))}"

@@ -107,7 +107,8 @@ class WebSocketConnector:
         except InvalidHandshake as error:
             raise ConformanceError(f"the WebSocket upgrade at {url} failed: {error}") from None
         except TimeoutError:
-            raise ConformanceError(f"the WebSocket upgrade at {url} did not complete within {OPEN_TIMEOUT:g} s") from None
+            raise ConformanceError(
+                f"the WebSocket upgrade at {url} did not complete within {OPEN_TIMEOUT:g} s") from None
         except OSError as error:
             raise ConformanceError(f"could not connect to {url}: {error}") from None
 

@@ -58,7 +58,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-
 from app.backends.base import (
     ChatMessage,
     Delta,

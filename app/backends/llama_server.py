@@ -274,7 +274,7 @@ class LlamaServer:
             try:
                 async with client.get("/metrics", timeout=aiohttp.ClientTimeout(total=self.hang_seconds)) as reply:
                     await reply.read()
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if process is self.process and process.poll() is None:
                     log.error("llama-server for %s answered nothing for %.0f s: killing it, to start it again.",
                               self.options.model_path.name, self.hang_seconds)
@@ -525,7 +525,7 @@ class LlamaServer:
                     return None
                 answer = await reply.json(content_type=None)
                 return answer if isinstance(answer, dict) else {}
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             log.warning("llama-server could not %s slot %d: %r", action, slot, exc)
             return None
 
@@ -560,7 +560,7 @@ class LlamaServer:
                     log.debug("retrying a request whose connection broke before any answer: %r", exc)
                     continue
                 raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ModelError(f"The embedded model's server failed: {exc!r}", code="model_unavailable") from exc
             raise ModelError("The embedded model's server ended the stream early.", code="model_stream_ended")
 

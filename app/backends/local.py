@@ -74,8 +74,7 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import (DEFAULT_CHUNK, HANG_SECONDS, LlamaServer, ServerOptions, ServerState,
-                                       find_binary)
+from app.backends.llama_server import DEFAULT_CHUNK, HANG_SECONDS, LlamaServer, ServerOptions, ServerState, find_binary
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
@@ -455,7 +454,8 @@ def _record(ledger: LogprobLedger, text: str, probabilities: Sequence[dict[str, 
     last token (a chunk holds several tokens only when they complete one character)."""
     for position, entry in enumerate(probabilities):
         token_text = text if position == len(probabilities) - 1 else ""
-        alternatives = tuple(_logprob(other, str(other.get("token", ""))) for other in entry.get("top_logprobs", ())[:top])
+        alternatives = tuple(_logprob(other, str(other.get("token", "")))
+                             for other in entry.get("top_logprobs", ())[:top])
         ledger.add(token_text, _logprob(entry, token_text, alternatives))
 
 

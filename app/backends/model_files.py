@@ -224,7 +224,7 @@ class ModelFiles:
             _write_marker(target, spec)
             return target
         parts = [locate(part) for part in source.parts]
-        missing = [part.distribution for part, path in zip(source.parts, parts) if path is None]
+        missing = [part.distribution for part, path in zip(source.parts, parts, strict=False) if path is None]
         if missing:
             raise _missing(spec, missing, source.install_hint)
         _assemble(spec, [p for p in parts if p is not None], target)

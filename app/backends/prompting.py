@@ -156,7 +156,8 @@ def output_grammar(output_format: OutputFormat) -> str | None:
         raise unsupported_schema(str(exc)) from exc
 
 
-JSON_CHAR_RULE = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+JSON_CHAR_RULE = (r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | '
+                  r'"u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])')
 """A character of a JSON string: raw control characters excluded, as JSON requires."""
 
 

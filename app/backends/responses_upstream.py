@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error

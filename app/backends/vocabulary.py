@@ -105,7 +105,9 @@ class Vocabulary:
         if not template:
             raise ModelError(f"The model '{spec.id}' has no chat template in its GGUF file")
         self.template = ChatTemplate(
-            template, bos_token=self._special_text(self.llm.token_bos()), eos_token=self._special_text(self.llm.token_eos())
+            template,
+            bos_token=self._special_text(self.llm.token_bos()),
+            eos_token=self._special_text(self.llm.token_eos()),
         )
         self.call_shape = call_shape(spec.template_renders_tools, self._tag_tokens())
         self._control_texts = self._control_token_texts()

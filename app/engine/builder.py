@@ -547,7 +547,8 @@ class ResponseBuilder:
         final = _call_item(item, arguments, status)
         self._output.append(final)
         if item.custom:
-            return [self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final)]
+            return [self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index,
+                                item=final)]
         return [
             self._event(
                 FunctionCallArgumentsDone,

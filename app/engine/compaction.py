@@ -48,7 +48,7 @@ from app.engine.context import build_messages
 from app.engine.history import History, HistorySource
 from app.engine.items import stored_form
 from app.engine.models import ModelRouter
-from app.engine.sealing import SealError, Sealer
+from app.engine.sealing import Sealer, SealError
 from app.errors import InvalidRequest, ModelError
 from app.protocol.compaction import CompactBody, CompactResource
 from app.protocol.items import (

@@ -12,8 +12,8 @@ import base64
 import binascii
 import json
 import logging
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from app.backends.base import ChatMessage, ToolCall
@@ -28,9 +28,9 @@ from app.protocol.content import (
 from app.protocol.items import (
     AssistantMessageParam,
     CompactionParam,
-    DeveloperMessageParam,
     CustomToolCallOutputParam,
     CustomToolCallParam,
+    DeveloperMessageParam,
     FunctionCallOutputParam,
     FunctionCallParam,
     ReasoningParam,
@@ -46,8 +46,10 @@ _TEXT_MEDIA_PREFIXES = ("text/", "application/json", "application/xml", "applica
 
 
 def image_marker(part: InputImageParam) -> str:
-    source = "an uploaded file" if part.file_id else "a data URL" if (part.image_url or "").startswith("data:") else "a URL"
-    return f"[An image ({source}) was attached here. This model cannot see images; say so if the question depends on it.]"
+    source = ("an uploaded file" if part.file_id
+              else "a data URL" if (part.image_url or "").startswith("data:") else "a URL")
+    return (f"[An image ({source}) was attached here. This model cannot see images; "
+            "say so if the question depends on it.]")
 
 
 def file_text(part: InputFileParam) -> str:

@@ -22,8 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import (Backend, ChatMessage, GenerationRequest, OutputFormat, Sampling, ToolPolicy,
-                               ToolSpec)
+from app.backends.base import Backend, ChatMessage, GenerationRequest, OutputFormat, Sampling, ToolPolicy, ToolSpec
 from app.engine import ids
 from app.engine.compaction import compaction_context
 from app.engine.context import build_messages
@@ -39,10 +38,10 @@ from app.engine.truncation import fit_context
 from app.engine.turn import InFlight, Turn
 from app.engine.validation import parse_body
 from app.errors import InvalidRequest
+from app.metrics import Metrics, note_model
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
 from app.protocol.tools import AllowedToolsParam, CustomToolParam, SpecificFunctionParam, UnsupportedToolParam
-from app.metrics import Metrics, note_model
 from app.schemas import SchemaLimits, compile_schema
 from app.store.base import ResponseStore
 

@@ -73,8 +73,8 @@ from typing import Any, Literal
 from referencing.exceptions import Unresolvable
 
 from app.errors import InvalidRequest
-from app.schemas import SchemaLimits, compile_schema
 from app.protocol.tools import CUSTOM_INPUT, custom_parameters, qualified_name
+from app.schemas import SchemaLimits, compile_schema
 
 JSON = Mapping[str, Any]
 UnknownToolPolicy = Literal["accept", "reject"]
@@ -185,7 +185,8 @@ def check_items(
     schema_limits: SchemaLimits = SchemaLimits(),
 ) -> list[Finding]:
     """Every finding, passes included, for the request's ``input`` (``items``, as sent; a
-    string or ``None`` has no items to check) and for the schemas of its ``tools``. ``history``: the chain's items, oldest first.
+    string or ``None`` has no items to check) and for the schemas of its ``tools``. ``history``: the chain's
+    items, oldest first.
     ``tools``: this request's tool definitions; ``history_tools``: those the chain's
     responses offered, oldest first. ``paths`` names each item (default ``input[i]``).
     ``unknown_tool``: whether an output answering a call of an undefined tool blocks.

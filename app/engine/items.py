@@ -17,9 +17,9 @@ from app.engine import ids
 from app.protocol.items import (
     AssistantMessageParam,
     CompactionParam,
-    DeveloperMessageParam,
     CustomToolCallOutputParam,
     CustomToolCallParam,
+    DeveloperMessageParam,
     FunctionCallOutputParam,
     FunctionCallParam,
     ItemParam,

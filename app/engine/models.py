@@ -71,7 +71,8 @@ class ModelRouter:
         self._exact: dict[str, Route] = {}
         self._prefixes: dict[str, Route] = {}
         for route in self.routes:
-            for table, keys, what in ((self._exact, route.models, "model id"), (self._prefixes, route.prefixes, "prefix")):
+            for table, keys, what in ((self._exact, route.models, "model id"),
+                                      (self._prefixes, route.prefixes, "prefix")):
                 for key in keys:
                     other = table.setdefault(key, route)
                     if other is not route:

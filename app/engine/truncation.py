@@ -64,7 +64,10 @@ async def fit_context(
     return best
 
 
-def _split_turns(messages: list[ChatMessage]) -> tuple[list[tuple[int, ChatMessage]], list[list[tuple[int, ChatMessage]]]]:
+_Numbered = list[tuple[int, ChatMessage]]
+
+
+def _split_turns(messages: list[ChatMessage]) -> tuple[_Numbered, list[_Numbered]]:
     """System/developer messages (with their positions) and the other messages grouped
     into turns."""
     pinned: list[tuple[int, ChatMessage]] = []

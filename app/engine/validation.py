@@ -260,7 +260,7 @@ def _data_steps(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[Any, ...]
     kinds = _classify(_core(model), loc, 0, _definitions(model))
     if kinds is None:
         return loc
-    return tuple(step for step, is_data in zip(loc, kinds) if is_data)
+    return tuple(step for step, is_data in zip(loc, kinds, strict=False) if is_data)
 
 
 @lru_cache(maxsize=32)

@@ -68,9 +68,9 @@ async def packer(events: list[str], *, beside_loop: bool) -> Callable[[], bytes]
 
     ``beside_loop``: the write runs beside the event loop (SQLite's writer process), so
     a small payload is packed there: a stored answer's events (about 5 KB, 25-40 µs)
-    are compressed on the other core instead of on the event loop. Otherwise (PostgreSQL's writes run on the loop), and for a large
-    payload (which would hold every write queued behind it), the body is packed here,
-    before the write, as :func:`pack_events` does."""
+    are compressed on the other core instead of on the event loop. Otherwise (PostgreSQL's
+    writes run on the loop), and for a large payload (which would hold every write queued
+    behind it), the body is packed here, before the write, as :func:`pack_events` does."""
     if beside_loop and sum(len(event) for event in events) < INLINE_LIMIT:
         return functools.partial(pack_events_now, events)
     return functools.partial(_given, await pack_events(events))

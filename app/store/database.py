@@ -30,8 +30,15 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.store.engines import (SQLITE_BUSY_TIMEOUT_MS, WRITE_OPTION, begin_sqlite, configure_sqlite,
-                               create_unflushed_engine, reader, writer)
+from app.store.engines import (
+    SQLITE_BUSY_TIMEOUT_MS,
+    WRITE_OPTION,
+    begin_sqlite,
+    configure_sqlite,
+    create_unflushed_engine,
+    reader,
+    writer,
+)
 
 T = TypeVar("T")
 Transaction = Callable[[Connection], T]

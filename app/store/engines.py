@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-
 from pathlib import Path
 from typing import Any
 

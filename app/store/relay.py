@@ -136,7 +136,8 @@ class PostgresEventRelay:
 
     # ------------------------------------------------------------ the follower's side
 
-    async def follow(self, tenant: str, response_id: str, after: int | None, ended: Ended) -> AsyncIterator[RelayedEvent]:
+    async def follow(self, tenant: str, response_id: str, after: int | None,
+                     ended: Ended) -> AsyncIterator[RelayedEvent]:
         """The events of a response another process runs, after ``after``, until its
         terminal event (or, if the relay falls silent, until the stored record ends it)."""
         follower = _Follower(tenant, -1 if after is None else after)
@@ -206,7 +207,8 @@ class PostgresEventRelay:
     def _on_follow(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
         try:
             request = json.loads(payload)
-            tenant, response_id, after, token = request["tenant"], request["id"], int(request["after"]), request["token"]
+            tenant, response_id = request["tenant"], request["id"]
+            after, token = int(request["after"]), request["token"]
         except (ValueError, TypeError, KeyError):
             log.warning("ignoring a malformed follow request")
             return

@@ -53,16 +53,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.errors import StoreUnavailable
 from app.store import statements
 from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
-from app.store.relay import PostgresEventRelay, RelayedEvent, Source
 from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
 from app.store.codec import packer, unpack_events
-from app.store.group_commit import GroupCommit, Writes
-from app.store.sqlite_writer import WriterProcess
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path, unreachable
+from app.store.group_commit import GroupCommit, Writes
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
+from app.store.relay import PostgresEventRelay, RelayedEvent, Source
 from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
+from app.store.sqlite_writer import WriterProcess
 
 log = logging.getLogger("ors.store")
 
@@ -383,7 +383,8 @@ class SqlResponseStore(ResponseStore):
         return [(row.tenant, row.id) for row in rows]
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return await self._write(functools.partial(statements.write_delete, tenant, response_id, lock_root=not self.is_sqlite))
+        return await self._write(functools.partial(statements.write_delete, tenant, response_id,
+                                                   lock_root=not self.is_sqlite))
 
     async def expire(self, created_before: int, limit: int) -> tuple[int, int]:
         # found by a reader (a scan that holds no write lock), deleted by one write

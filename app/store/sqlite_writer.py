@@ -27,8 +27,8 @@ blocks the loop, and answers arrive as events, with no thread in between.
 Lifetimes. The writer ends when the server's end of the socket closes (after it has
 answered every write received): at :meth:`WriterProcess.close`, or when the server dies
 in any way, ``kill -9`` included (then it drops the writes it has not begun: nobody
-waits for them, and the next server's recovery may already have run). It ignores SIGINT and SIGTERM, which a terminal or a
-supervisor sends to the whole process group: the server decides when writing stops.
+waits for them, and the next server's recovery may already have run). It ignores SIGINT
+and SIGTERM, which a terminal or a supervisor sends to the whole process group: the server decides when writing stops.
 If the writer dies, the writes waiting for it fail (their outcome is unknown: the
 transaction may or may not have committed) and the next write starts a new writer.
 """
@@ -438,9 +438,8 @@ class _Requests:
 
 def serve(sock: socket.socket, url: str, max_batch: int) -> None:
     """The writer's loop: take the writes waiting, commit them, answer; until EOF."""
-    from app.store.database import SqliteDatabase
-
     import app.store.statements  # noqa: F401 - the store's writes are its functions: imported before the first
+    from app.store.database import SqliteDatabase
 
     database = SqliteDatabase(make_url(url))
     committer = Committer(database)

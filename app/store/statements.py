@@ -10,16 +10,32 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from sqlalchemy import (CTE, CompoundSelect, Integer, Row, Select, Text, bindparam, cast, delete, func, insert,
-                        literal_column, null, select, union_all, update)
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import (
+    CTE,
+    CompoundSelect,
+    Integer,
+    Row,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from app.errors import PreviousResponseNotFound
+from app.store import one_statement
 from app.store.base import JSON, Document, StoreConflict, StoredResponse
 from app.store.cancels import CHANNEL, encode_notice
-from app.store import one_statement
 from app.store.direct import Direct
 from app.store.schema import TERMINAL, JsonText, Serialized, items, responses
 from app.store.schema import events as event_rows
@@ -322,7 +338,8 @@ def _chain_query() -> CompoundSelect:
         cast(null(), Text).label("role"), cast(null(), Integer).label("position"), cast(null(), JsonText).label("item"),
     ).join(responses, responses.c.id == ancestry.c.id)
     own_items = select(
-        cast(null(), Integer), items.c.response_id, cast(null(), JsonText), items.c.role, items.c.position, items.c.item,
+        cast(null(), Integer), items.c.response_id, cast(null(), JsonText), items.c.role, items.c.position,
+        items.c.item,
     ).where(items.c.response_id.in_(select(ancestry.c.id)))
     return union_all(links, own_items).order_by(literal_column("position"))
 
@@ -344,7 +361,8 @@ def _walk(**kind: bool) -> Select[Any]:
     return select(ancestry).order_by(ancestry.c.depth)
 
 
-_ANCESTRY = {kind: _walk(visible_start=kind[0], through_deleted_only=kind[1]) for kind in ((True, False), (False, True))}
+_ANCESTRY = {kind: _walk(visible_start=kind[0], through_deleted_only=kind[1])
+             for kind in ((True, False), (False, True))}
 
 
 def _subtree() -> Select[Any]:

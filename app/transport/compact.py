@@ -11,11 +11,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from app.engine.body_decoding import decode_body
 from app.engine.compaction import compact_request
 from app.engine.images import check_images
-from app.engine.sealing import Sealer
 from app.engine.limits import check_counts
-from app.engine.body_decoding import decode_body
+from app.engine.sealing import Sealer
 from app.engine.validation import parse_body
 from app.protocol.compaction import CompactBody
 from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for

@@ -15,11 +15,11 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import jsontext
+from app.engine.body_decoding import decode_body
+from app.engine.engine import Engine
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.runs import LiveTurns
-from app.engine.engine import Engine
 from app.engine.turn import Emitted, Turn
-from app.engine.body_decoding import decode_body
 from app.errors import InvalidRequest, NotFound, ORSError, StoreUnavailable
 from app.protocol.responses import ResponseResource
 from app.store.base import ResponseStore

@@ -115,7 +115,7 @@ class ReceiptDeadlineProtocol(HttpToolsProtocol):
         if self.flow.read_paused:  # uvicorn stopped reading: the wait is ours, not the client's
             self._arm()
             return
-        prefix = "%s:%d - " % self.client if self.client else ""
+        prefix = f"{self.client[0]}:{self.client[1]} - " if self.client else ""
         log.warning("%sclosed a connection that took more than %gs to send its request's %s",
                     prefix, self.read_timeout, self.receiving.value)
         self.transport.close()

@@ -45,13 +45,13 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
+from app.engine.body_decoding import decode_body
+from app.engine.engine import Engine
+from app.engine.history import History, HistorySource, NoHistory, StoredHistory, merge_tools, not_found
 from app.engine.items import from_stored
 from app.engine.limits import RequestLimits
-from app.engine.history import History, HistorySource, NoHistory, StoredHistory, merge_tools, not_found
 from app.engine.runs import LiveTurns
-from app.engine.engine import Engine
 from app.engine.turn import Turn
-from app.engine.body_decoding import decode_body
 from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
@@ -88,7 +88,8 @@ class ConnectionHistory(HistorySource):
         own = [*turn.input_items, *output]
         self.latest = (
             turn.id,
-            History(items=[*past.items, *(from_stored(item) for item in own)], tools=merge_tools(past.tools, turn.tools),
+            History(items=[*past.items, *(from_stored(item) for item in own)],
+                    tools=merge_tools(past.tools, turn.tools),
                     stored_items=[*past.stored_items, *own]),
         )
 
@@ -111,7 +112,8 @@ class Connection:
         self.live = live
         self.drain = drain
         self.max_seconds = max_seconds
-        fallback = StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None else NoHistory()
+        fallback = (StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None
+                    else NoHistory())
         self.history = ConnectionHistory(fallback)
         self.max_queued = max_queued
         self.frames: asyncio.Queue[tuple[str | None, int]] = asyncio.Queue()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
-from dataclasses import replace
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,8 @@ from app.backends.base import (
     Usage,
 )
 from app.backends.chat_completions import ChatCompletionsBackend
-from app.backends.upstream_http import Timeouts
 from app.backends.chat_stream import SSEParser
+from app.backends.upstream_http import Timeouts
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError, TooManyRequests
 from tests.upstream_server import (
     CUT,

@@ -26,8 +26,8 @@ from app.backends.base import (
     ToolSpec,
 )
 from app.backends.local import LocalBackend
-from app.backends.vocabulary import Vocabulary
 from app.backends.toolcalls import ToolCallParser
+from app.backends.vocabulary import Vocabulary
 from app.errors import InvalidRequest
 
 SMOLLM2 = "smollm2-135m-instruct"

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from compliance import SSEParser, StreamChecker, check_response
-
 from tests.live import ServerProcess
 from tests.tcp_relay import CuttableRelay, relayed_database
 from tests.upstream_server import DONE, Pause, ScriptedUpstream, chunk, running_scripted_upstream

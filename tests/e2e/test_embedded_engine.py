@@ -108,7 +108,7 @@ def test_conversations_continued_at_once_each_find_their_prefix_cached(client: C
     with ThreadPoolExecutor(4) as pool:
         first = list(pool.map(lambda k: one(k, "Hello."), range(4)))
         again = list(pool.map(lambda k: one(k, "What can you do?"), range(4)))
-    for before, after in zip(first, again):
+    for before, after in zip(first, again, strict=False):
         cached = after["usage"]["input_tokens_details"]["cached_tokens"]
         # the instructions (about 600 tokens) and the template before them are shared
         assert cached >= before["usage"]["input_tokens"] - 20, (cached, before["usage"], after["usage"])

@@ -17,7 +17,12 @@ from typing import Any
 import pytest
 from websockets.sync.client import connect
 
-from app.engine.limits import DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_JSON_DEPTH, DEFAULT_MAX_JSON_VALUES, DEFAULT_MAX_TOOLS
+from app.engine.limits import (
+    DEFAULT_MAX_INPUT_ITEMS,
+    DEFAULT_MAX_JSON_DEPTH,
+    DEFAULT_MAX_JSON_VALUES,
+    DEFAULT_MAX_TOOLS,
+)
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES
 from compliance import validate_ws_error
 from tests.client import Client

@@ -10,10 +10,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.config import Settings
 from app.main import create_app
+from compliance import validate_error_body
 from tests.client import Client
 from tests.conftest import SMOL, scripted_backend
 from tests.live import live_server
-from compliance import validate_error_body
 
 
 def scrape(url: str, key: str | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

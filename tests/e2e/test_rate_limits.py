@@ -18,7 +18,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from app.backends.base import GenerationRequest, Delta
+from app.backends.base import Delta, GenerationRequest
 from app.backends.scripted import ScriptedBackend, text_script
 from app.config import Settings
 from app.main import create_app

@@ -23,7 +23,7 @@ from app.engine.compaction import (
 )
 from app.engine.history import History, HistorySource, NoHistory
 from app.engine.models import ModelRouter
-from app.engine.sealing import SealError, Sealer
+from app.engine.sealing import Sealer, SealError
 from app.engine.validation import parse_body
 from app.errors import InvalidRequest, ModelNotFound, PreviousResponseNotFound
 from app.protocol.compaction import CompactBody

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import http.server
+import json
 import threading
 from typing import Any
 

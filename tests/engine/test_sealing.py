@@ -12,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 from pydantic import SecretStr
 
-from app.engine.sealing import PREFIX, SealError, Sealer, load_or_create_key_file
+from app.engine.sealing import PREFIX, Sealer, SealError, load_or_create_key_file
 
 PAYLOAD = {"summary": "The launch is on Tuesday; notify support first.", "n": 3, "nested": {"ok": True}}
 

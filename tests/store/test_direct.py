@@ -34,7 +34,7 @@ def row(response_id: str, **changes: Any) -> dict[str, Any]:
     return {
         "id": response_id, "tenant": "t", "status": "in_progress", "created_at": 1, "model": "m",
         "previous_response_id": None, "instructions": "Be brief. ünïcode", "tools": [{"type": "function", "name": "f"}],
-        "resource": Serialized('{"id": "%s",  "status":"in_progress"}' % response_id, "in_progress"),
+        "resource": Serialized(f'{{"id": "{response_id}",  "status":"in_progress"}}', "in_progress"),
         "background": False, "owner": "o", "updated_at": 2,
     } | changes
 

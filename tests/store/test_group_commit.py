@@ -17,8 +17,8 @@ from app.errors import PreviousResponseNotFound
 from app.store.base import StoreConflict
 from app.store.engines import SQLITE_PRAGMAS, sqlite_url
 from app.store.group_commit import CHECKPOINT_EVERY
-from app.store.sqlite_writer import WriterProcess
 from app.store.sql import SqlResponseStore
+from app.store.sqlite_writer import WriterProcess
 from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_response
 

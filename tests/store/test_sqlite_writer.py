@@ -20,8 +20,8 @@ from sqlalchemy.engine import Connection
 
 from app.errors import ServerError
 from app.store.engines import sqlite_url
-from app.store.sql import SqlResponseStore
 from app.store.schema import Serialized
+from app.store.sql import SqlResponseStore
 from app.store.sqlite_writer import WriterProcess, WriterStopped, from_wire, wire_form
 from tests.store.helpers import new_response
 

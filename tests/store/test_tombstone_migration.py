@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import insert, text
 
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path
-from app.store.schema import dumps_json, responses
 from app.store.migrate import upgrade
+from app.store.schema import dumps_json, responses
 from app.store.sql import SqlResponseStore
 from tests.store.helpers import new_id, resource
 

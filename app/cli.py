@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import ValidationError
-from pydantic.fields import FieldInfo
 
 from app import gate_cli, logs
 from app.config import Settings
+from app.settings_doc import shown_default
 from compliance import __main__ as compliance_cli
 
 PRIVATE_UMASK = 0o077
@@ -154,22 +154,13 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
             "--" + name.replace("_", "-"),
             dest=name,
             metavar="VALUE",
-            help=f"{description} [default: {_shown_default(field)}; env ORS_{name.upper()}]".replace("%", "%%"),
+            help=f"{description} [default: {shown_default(field)}; env ORS_{name.upper()}]".replace("%", "%%"),
         )
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings: flags given on the command line over ``ORS_*`` variables over defaults."""
     return Settings(**{name: value for name in Settings.model_fields if (value := getattr(args, name)) is not None})
-
-
-def _shown_default(field: FieldInfo) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()  # type: ignore[call-arg]
-        return ",".join(map(str, value)) if value else "unset"
-    if field.default is None:
-        return "unset"
-    return str(field.default)
 
 
 def build_parser() -> argparse.ArgumentParser:

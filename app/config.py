@@ -35,39 +35,45 @@ class Settings(BaseSettings):
     port: int = 8080
     """The port to listen on."""
     workers: int = Field(default=1, ge=1, le=64)
-    """Worker processes sharing the port. More than 1 needs PostgreSQL (ORS_DATABASE_URL;
+    """Worker processes sharing the port. More than 1 needs PostgreSQL (``ORS_DATABASE_URL``;
     SQLite keeps one writing process) and an upstream, and serves upstream models only:
     the embedded engine batches its requests in one process."""
 
     default_model: str = DEFAULT_MODEL
-    """Used when a request names no model."""
+    """The model used when a request names none; loaded at start."""
     preload_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Local models loaded at start (the default model is always loaded when local)."""
+    """Comma-separated embedded models also loaded at start (others load on first use;
+    the default model is always loaded when it is embedded)."""
     model_threads: int = 2
     """CPU threads of each embedded model."""
     model_context: int | None = None
     """Tokens of context of each embedded model (shared by its slots; the most one request
     may use); unset means each model's trained window (Qwen2.5-Coder 32,768, SmolLM2 8,192)."""
     model_parallel: int = Field(default=4, ge=1, le=64)
-    """Generations an embedded model runs at once, decoded together in one batch per step."""
+    """Generations an embedded model runs at once, decoded together in one batch per step
+    (continuous batching)."""
     model_queue: int = Field(default=32, ge=0)
-    """Requests that may wait for a busy embedded model; one more is 429 too_many_requests."""
+    """Requests that may wait for a busy embedded model; one more is 429 ``too_many_requests``."""
     model_cache_ram_mib: int = Field(default=2048, ge=0)
-    """Host memory (MiB) for prompt caches of idle slots, least recently used out (0: off)."""
+    """Host memory (MiB) for the prompt caches of idle slots, least recently used out
+    (``0`` turns it off)."""
     model_kv_type: Literal["f16", "q8_0", "q4_0"] = "f16"
-    """The KV cache's type; q8_0 halves its memory at a small cost in quality."""
+    """The KV cache's type: ``f16``, ``q8_0`` (half the memory, at a small cost in quality)
+    or ``q4_0``."""
     model_chunk: int = Field(default=128, ge=16, le=8192)
     """Prompt tokens an embedded model evaluates per step, between two decoding steps of
     the streams already running: the longest a running stream waits for a new prompt."""
     model_hang_seconds: float = Field(default=120.0, ge=0)
-    """How long a running embedded model's server may answer nothing (a stuck loop) before
-    it is killed and started again; 0: never."""
+    """Seconds a running embedded model's llama-server may answer nothing (a stuck loop, a
+    stopped process) before it is killed and started again; its streams then end with
+    ``response.failed``. ``0``: never."""
     llama_server: str | None = None
-    """The llama-server executable that runs the embedded models; unset means the one
-    ``make install`` built into the virtual environment."""
+    """Path of the llama-server executable that runs the embedded models; unset means the
+    one ``make install`` built into ``.venv/bin``."""
     model_aliases: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
-    """Other names for served models, ``alias=model,...`` (e.g. ``gpt-4o-mini=qwen2.5-coder-1.5b-instruct``):
-    requests for an alias run on its model and echo the alias; ``/v1/models`` lists them."""
+    """Other names for served models, ``alias=model,...`` (e.g. ``gpt-4o-mini=qwen2.5-coder-1.5b-instruct``,
+    so clients with a hard-wired model name work): requests for an alias run on its model
+    and echo the alias; ``/v1/models`` lists the aliases."""
 
     upstream_url: str | None = None
     """An OpenAI-compatible Chat Completions base URL, e.g. ``http://127.0.0.1:11434/v1``.
@@ -75,77 +81,98 @@ class Settings(BaseSettings):
     upstream_api_key: SecretStr | None = None
     """The bearer key sent to the upstream."""
     upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """If set, only these model ids are routed upstream (others are ``model_not_found``)."""
+    """Comma-separated allow-list of upstream model ids: if set, only these are routed
+    upstream (others are ``model_not_found``)."""
     config: Path | None = None
     """A TOML file of named upstreams (Chat Completions or native Responses), each with
     its base URL, key, wire API, exact model ids, id prefixes and dialect options (see
-    the README's Upstreams section); the ``upstream_*`` settings stay the one-upstream
+    Upstreams in the README); the ``ORS_UPSTREAM_*`` settings stay the one-upstream
     shortcut beside it."""
 
     data_dir: Path = Path("data")
-    """Where the store, the assembled model file and the generated secret key live."""
+    """Assembled model files and server data: stored responses, prompt caches, logs, keys.
+    ``ors serve`` writes everything with mode 0600 (directories 0700), and warns at start
+    if this directory itself can be read by other users."""
     database_url: str | None = None
-    """SQLAlchemy URL of the store; SQLite under ``data_dir`` when unset."""
+    """The response store, a SQLAlchemy URL. Unset means SQLite at ``ORS_DATA_DIR/ors.db``
+    (written by one child process of the server, ``python -m app.store.sqlite_writer``,
+    which ends with it); ``postgresql+asyncpg://…`` for several replicas sharing one
+    database (each server process opens up to 20 connections for reads, writes and its
+    liveness lock, 4 for the starts of responses, and 2 of its own that listen for
+    cancels and for the events of responses followed from another replica). While the
+    database cannot be reached, what needs it is 503 ``store_unavailable`` with
+    ``Retry-After: 1``; ``store: false`` is still served."""
     database_wait_seconds: float = Field(default=30.0, ge=0)
     """At start, how long to keep trying a database that cannot be reached (it may start
-    after the server, as in a compose file or a pod), once a second; then the server
-    exits with the error. 0: do not wait."""
+    after the server, as in a compose file or a pod), once a second, with one warning;
+    then the server exits with the error (exit code 3, with ``--workers`` too). ``0``: do
+    not wait."""
 
     response_retention_days: float | None = Field(default=None, gt=0)
-    """Stored responses are deleted, as ``DELETE`` deletes them, once this many days have
-    passed since they were created (finished ones; a conversation's older turns stay in
-    the context of its visible later ones). Fractions are allowed. Unset: kept until
-    deleted."""
+    """Stored responses are deleted, as ``DELETE`` deletes them, this many days after they
+    were created (finished ones only; fractions allowed), checked at start and then every
+    tenth of it (at most hourly); a conversation's older turns stay in the context of its
+    visible later turns, but can no longer be fetched. Unset: kept until deleted."""
 
     api_keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
-    """Bearer keys, ``name:secret`` (the tenant is ``name``; several secrets may share it,
-    which is how a key is rotated) or a bare secret (the tenant is a keyed digest of it);
-    empty means one anonymous tenant. See ``app.transport.auth``."""
+    """Comma-separated bearer keys, ``name:secret`` (the tenant is ``name``; several secrets
+    may share it, which is how a key is rotated) or a bare secret (the tenant is a keyed
+    digest of it). Each tenant's stored responses are seen by no other tenant (see Keys and
+    tenants in the README); unset means one anonymous tenant."""
     secret_key: SecretStr | None = None
     """Keys for encrypted content, comma-separated, newest first (older ones still
-    decrypt); unset means a key generated once in ``data_dir``."""
+    decrypt); unset means a key generated once in ``ORS_DATA_DIR/secret.key``."""
 
     rate_limit_rpm: int | None = Field(default=None, ge=1)
-    """Requests per minute per tenant (a sliding 60-second window) on the routes that
-    generate; one more is 429 ``rate_limit_exceeded`` with ``Retry-After``. Unset: unlimited."""
+    """Requests per minute per tenant (any 60 seconds) on ``POST /v1/responses``,
+    ``POST /v1/responses/compact`` and WebSocket ``response.create``; one more is 429
+    ``rate_limit_exceeded`` with ``Retry-After``. Unset: unlimited."""
     rate_limit_concurrent: int | None = Field(default=None, ge=1)
-    """Responses in flight per tenant (a stream, a JSON request, a background response, a
-    WebSocket turn); one more is 429 ``rate_limit_exceeded``. Unset: unlimited."""
+    """Responses in flight per tenant (streams, JSON requests, background responses,
+    WebSocket turns); one more is 429 ``rate_limit_exceeded`` with ``Retry-After: 1``.
+    Unset: unlimited."""
     redis_url: str | None = None
     """Redis that counts the rate limits, so several replicas share each tenant's budget
     (``redis://host:6379/0``). Unset: counted in this process's memory. If Redis cannot be
     reached, requests are let through (fail open) with a warning in the log."""
     redis_prefix: str = "ors"
-    """Prefix of the Redis keys, so several deployments can share one Redis."""
+    """Prefix of the rate limits' Redis keys, so several deployments can share one Redis."""
     ws_max_connection_seconds: float = 3600.0
     """The lifetime of a WebSocket connection."""
 
     allow_unauthenticated: bool = False
-    """Serve without API keys on an address that is not loopback. Without it (and without
-    ``api_keys``) the server refuses to start there."""
+    """Serve without ``ORS_API_KEYS`` on an address that is not loopback; without it
+    ``ors serve`` refuses to start there (exit code 2)."""
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Browser origins (``https://app.example``, or ``*``) that may open WebSocket
-    connections and make CORS requests; empty means no CORS, and WebSocket upgrades that
-    carry an ``Origin`` are refused (those without one, from SDKs and CLIs, are not)."""
+    """Comma-separated browser origins (``https://app.example``, or ``*``) that may open
+    WebSocket connections and make CORS requests; unset means no CORS, and a WebSocket
+    upgrade carrying an ``Origin`` is refused (403 ``origin_not_allowed``). Clients that
+    send no ``Origin`` (SDKs, CLIs) are always served."""
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Host names accepted besides ``localhost``, ``127.0.0.1`` and ``[::1]`` when the server
-    listens on a loopback address (a guard against DNS rebinding)."""
+    """Comma-separated host names accepted besides ``localhost``, ``127.0.0.1`` and
+    ``[::1]`` when the server listens on a loopback address; any other ``Host`` is 403
+    ``host_not_allowed`` (a guard against DNS rebinding)."""
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, gt=0)
-    """The largest request body, and the largest WebSocket message (413 ``request_too_large``)."""
+    """The largest request body and WebSocket message (32 MiB: room for a 20 MiB image as a
+    data URL); a larger body is 413 ``request_too_large``, a larger message closes the
+    WebSocket with 1009."""
     max_body_bytes_in_flight: int = Field(default=8 * DEFAULT_MAX_BODY_BYTES, ge=0)
-    """The bytes of all HTTP request bodies a server process (each worker) holds at once,
-    each from its headers until its response is over; a body that would pass it is 429
-    ``server_busy`` with ``Retry-After``. At least ``max_body_bytes``; 0: no bound."""
+    """The bytes of all request bodies a server process holds at once (256 MiB, eight of
+    the largest; each worker of ``--workers`` has its own), each from its headers until its
+    response is over; a body that would pass it is 429 ``server_busy`` with
+    ``Retry-After: 1``. At least ``ORS_MAX_BODY_BYTES``; ``0`` for no bound."""
     request_read_timeout: float = Field(default=30.0, ge=0)
     """Seconds a client has to begin a new connection's first request and to complete a
     request's headers, and may go silent while sending its body; past it the connection
-    is closed (slow and stalled clients hold no connection). 0: no limit."""
+    is closed (slow and stalled clients hold no connection). ``0``: no limit."""
     ws_max_queued_frames: int = Field(default=4, ge=0)
-    """``response.create`` frames that may wait behind the running turn of a WebSocket
-    connection; each one more gets an error envelope (429, in its turn) and is dropped."""
+    """``response.create`` frames that may wait behind a WebSocket connection's running
+    turn; one more is dropped and answered at once with an error envelope (429
+    ``too_many_queued_frames``, ``param: "type"``), and the connection stays open."""
 
     foreign_items: Literal["reject", "drop"] = "reject"
-    """What to do with vendor-prefixed input items of other implementations."""
+    """What to do with other implementations' vendor-prefixed input items: ``reject``
+    (400 ``namespaced``) or ``drop`` (logged)."""
     gate_unknown_tool: Literal["accept", "reject"] = "accept"
     """The replay gate and an output answering a call of a tool that neither the request
     nor its chain defines: accept it (logged; no schema to check the arguments against)
@@ -156,11 +183,12 @@ class Settings(BaseSettings):
     # Request limits: each exceeded one is a 400 that names the limit and the param.
     max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=8)
     """How deep objects and arrays may nest in a request body or WebSocket frame
-    (400 ``json_too_deep``)."""
+    (400 ``json_too_deep``, ``param`` the top-level field)."""
     max_json_values: int = Field(default=DEFAULT_MAX_JSON_VALUES, gt=0)
     """Values (members of objects and elements of arrays, at any depth) a request body or
-    WebSocket frame may hold (400 ``too_many_json_values``): each costs the event loop
-    about 2 µs on its way in, so this bounds how long one request can hold the others."""
+    WebSocket frame may hold (400 ``too_many_json_values``, ``param`` the top-level field
+    that holds the most): each costs the event loop about 2 µs on its way in, so this
+    bounds how long one request can hold the others."""
     max_input_items: int = Field(default=DEFAULT_MAX_INPUT_ITEMS, gt=0)
     """Items one request's ``input`` may hold (400 ``too_many_input_items``)."""
     max_tools: int = Field(default=DEFAULT_MAX_TOOLS, gt=0)
@@ -169,17 +197,23 @@ class Settings(BaseSettings):
     """Bytes of each JSON Schema (a tool's ``parameters``, ``text.format.schema``), as
     compact JSON (400 ``invalid_tool_schema`` / ``invalid_json_schema``)."""
     max_schema_depth: int = Field(default=DEFAULT_MAX_SCHEMA_DEPTH, gt=0)
-    """How deep objects and arrays may nest in each JSON Schema."""
+    """How deep objects and arrays may nest in each JSON Schema (400
+    ``invalid_tool_schema`` / ``invalid_json_schema``)."""
     history_cache_entries: int = Field(default=1024, ge=0)
-    """Conversations whose chain is kept in memory after their latest turn was recorded, so
-    the next turn does not reload and convert the whole chain (0: off)."""
+    """Conversations whose chain stays in memory after their latest turn was recorded, so
+    the next ``previous_response_id`` turn does not reload and convert the whole chain
+    (``0``: off; the store is still asked whether the response exists)."""
 
     log_level: str = "info"
     """The log level (``debug``, ``info``, ``warning``, ``error``)."""
     metrics_key: SecretStr | None = None
-    """A bearer key for ``GET /metrics`` alone; unset means the API keys (or none) protect it."""
+    """A bearer key that alone reads ``GET /metrics``; unset means ``/metrics`` is protected
+    like the API (any key of ``ORS_API_KEYS``, or open without keys)."""
     log_format: Literal["text", "json"] = "text"
-    """``text`` lines, or ``json``: one JSON object per line. Either carries the request id."""
+    """``text`` lines or ``json`` (one object per line: ``time``, ``level``, ``logger``,
+    ``message``, ``request_id``). Every request's id (the client's ``x-request-id``, or a
+    new one) is returned as ``x-request-id`` and carried by its log lines; user text and
+    keys are never logged."""
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

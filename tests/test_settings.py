@@ -1,27 +1,18 @@
 """Every setting is discoverable: a documented field of ``Settings``, a flag of
-``ors serve`` whose help shows its default and variable, and a row of the README's table."""
+``ors serve`` whose help shows its default and variable, and a row of the README's table,
+which is generated from ``Settings``."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from app import settings_doc
 from app.cli import build_parser, settings_from
 from app.config import Settings
-
-README = Path(__file__).resolve().parents[1] / "README.md"
-
-
-def _readme_variables() -> set[str]:
-    text = README.read_text()
-    table = text[text.index("## Settings"):]
-    table = table[: table.index("\n## ", 1)]
-    return set(re.findall(r"^\| `(ORS_[A-Z0-9_]+)`", table, flags=re.MULTILINE))
 
 
 def test_every_setting_has_a_docstring() -> None:
@@ -29,9 +20,28 @@ def test_every_setting_has_a_docstring() -> None:
     assert missing == []
 
 
-def test_the_readme_table_lists_exactly_the_settings() -> None:
-    fields = {f"ORS_{name.upper()}" for name in Settings.model_fields}
-    assert _readme_variables() == fields
+def test_the_readme_table_is_the_one_generated_from_settings() -> None:
+    readme = settings_doc.readme_table(settings_doc.README.read_text(encoding="utf-8"))
+    assert readme == settings_doc.render_table(), (
+        "README.md's settings table differs from the fields of app.config.Settings; "
+        "regenerate it with `python -m app.settings_doc`")
+
+
+def test_the_table_has_a_row_per_setting_with_its_default() -> None:
+    rows = settings_doc.render_table().splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == [f"| `ORS_{name.upper()}`" for name in Settings.model_fields]
+    assert "| `ORS_PORT` | `8080` | The port to listen on. |" in rows
+    assert any(row.startswith("| `ORS_DATABASE_URL` | unset | ") for row in rows)
+    assert any(row.startswith("| `ORS_ALLOW_UNAUTHENTICATED` | `false` | ") for row in rows)
+    assert any(row.startswith("| `ORS_DATA_DIR` | `./data` | ") for row in rows)
+
+
+def test_regenerating_rewrites_only_the_table() -> None:
+    text = "# Title\n\nbefore\n\n" + settings_doc.BEGIN + "\n| old |\n" + settings_doc.END + "\n\nafter\n"
+    rewritten = settings_doc.with_table(text, settings_doc.render_table())
+    assert rewritten.startswith("# Title\n\nbefore\n\n" + settings_doc.BEGIN + "\n| variable |")
+    assert rewritten.endswith("\n" + settings_doc.END + "\n\nafter\n")
+    assert settings_doc.readme_table(rewritten) == settings_doc.render_table()
 
 
 def test_serve_help_lists_every_setting_with_its_default() -> None:

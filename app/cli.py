@@ -44,7 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"ors serve: {problem}", file=sys.stderr)
         return 2
-    logs.configure(settings.log_level, settings.log_format, buffered=True)
+    logs.configure(settings.log_level, settings.log_format, queued=True)
     keep_private(settings.data_dir)
     if settings.workers > 1:
         return _serve_workers(args, settings)

@@ -1,7 +1,8 @@
 """What the server counts, in the Prometheus format (prometheus-client).
 
 One :class:`Metrics` per app, with its own registry (several apps may share a process, in
-tests). Observations are made at a few points only, never per token:
+tests). Its values are prometheus-client's own ``Counter``, ``Histogram`` and ``Gauge``,
+updated where things happen, at a few points only, never per token:
 
 * the transport's middleware: every HTTP request by route template, method, status and
   model (``ors_http_requests_total``); WebSocket connections open
@@ -15,17 +16,6 @@ tests). Observations are made at a few points only, never per token:
 * at scrape time, a collector asks each backend for its gauges (the embedded engine's
   slots in use, slots, requests waiting, whether its server runs and how often it was
   started again after an exit), so nothing is kept up to date in between.
-
-**Counted in plain numbers, handed over at the scrape.** prometheus-client takes a lock
-for every update, and a request made eight of them (its count, the response's count,
-tokens, duration and time to first output, and the gauge of responses in progress):
-about 2% of what a proxied stream costs. A request's and a response's end now add to
-plain integers and floats held per set of label values (:class:`_Tally`,
-:class:`_Observations`), and :meth:`Metrics.flush` hands them to the library's metrics
-when a scrape asks (:meth:`Metrics.exposition`): what a scrape reads is the same. The
-event loop is the only writer, so nothing is lost between an update and the flush.
-With worker processes every update is handed over at once instead, since a scrape
-may be answered by another worker, which reads this one's values from its file.
 
 **Worker processes** (``ors serve --workers N``) count together: the parent sets
 ``PROMETHEUS_MULTIPROC_DIR`` before any worker starts, prometheus-client then keeps every
@@ -49,11 +39,10 @@ it succeeded, and at most :data:`MODEL_LABELS` such ids do. Every other id is co
 from __future__ import annotations
 
 import os
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -64,8 +53,13 @@ MODEL_LABELS = 100
 """Distinct model ids kept as label values (see the module docstring)."""
 OTHER_MODEL = "other"
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+"""Bounds of ``ors_time_to_first_token_seconds``: from 5 ms (a fast upstream) to five
+minutes (a long prompt on a slow model), about 2 to 2.5 times apart, as
+prometheus-client's default buckets (which stop at 10 s)."""
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+"""Bounds of ``ors_response_duration_seconds``: from a cached or refused answer (10 ms)
+to a long generation (half an hour, a background response's scale)."""
 
 
 @dataclass(slots=True)
@@ -121,75 +115,14 @@ def _multiprocess() -> bool:
     return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 
 
-class _Tally:
-    """A counter's child and what was counted in it since the last flush."""
-
-    __slots__ = ("child", "count")
-
-    def __init__(self, child: Any) -> None:
-        self.child = child
-        self.count: float = 0
-
-    def flush(self) -> None:
-        if self.count:
-            self.child.inc(self.count)
-            self.count = 0
-
-
-class _Observations:
-    """A histogram's child and what was observed in it since the last flush: the sum, and
-    how many observations fell in each bucket. The flush adds them to the child's sum and
-    buckets as ``observe`` would have one by one (``Histogram.observe`` adds to ``_sum``
-    and to the first bucket whose bound is not below the value; a test holds the two to
-    the same exposition)."""
-
-    __slots__ = ("child", "bounds", "total", "counts", "any")
-
-    def __init__(self, child: Any) -> None:
-        self.child = child
-        self.bounds = tuple(child._upper_bounds)
-        self.total = 0.0
-        self.counts = [0] * len(self.bounds)
-        self.any = False
-
-    def observe(self, value: float) -> None:
-        self.total += value
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.any = True
-
-    def flush(self) -> None:
-        if not self.any:
-            return
-        self.child._sum.inc(self.total)
-        buckets = self.child._buckets
-        for index, count in enumerate(self.counts):
-            if count:
-                buckets[index].inc(count)
-        self.total, self.counts, self.any = 0.0, [0] * len(self.bounds), False
-
-
-@dataclass(slots=True)
-class _Ended:
-    """What a response's end counts in, for one model and status."""
-
-    responses: _Tally
-    duration: _Observations
-    first_token: _Observations
-    input_tokens: _Tally
-    output_tokens: _Tally
-    cached_tokens: _Tally
-    cache_hits: _Tally
-
-    def flush(self) -> None:
-        for part in (self.responses, self.duration, self.first_token, self.input_tokens, self.output_tokens,
-                     self.cached_tokens, self.cache_hits):
-            part.flush()
-
-
 class Metrics:
+    """The server's metrics, in a registry of their own (:attr:`registry`), updated as
+    things happen through prometheus-client's types."""
+
     def __init__(self, backend_gauges: Callable[[], Iterable[ModelGauges]] = tuple,
                  named: Callable[[str], bool] = lambda model: False) -> None:
-        """``named``: whether the server names a model id itself (see the module docstring)."""
+        """``backend_gauges``: each backend's gauges, asked at scrape time. ``named``:
+        whether the server names a model id itself (see the module docstring)."""
         self.registry = CollectorRegistry()
         r = self.registry
         self._backends = _Backends(backend_gauges)
@@ -208,10 +141,10 @@ class Metrics:
             ["model", "code"], registry=r)
         self.time_to_first_token = Histogram(
             "ors_time_to_first_token_seconds", "From the start of a response to its first output.",
-            ["model"], buckets=_LATENCY_BUCKETS, registry=r)
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
         self.duration = Histogram(
             "ors_response_duration_seconds", "From the start of a response to its end.",
-            ["model"], buckets=_DURATION_BUCKETS, registry=r)
+            ["model"], buckets=DURATION_BUCKETS, registry=r)
         self.tokens = Counter(
             "ors_tokens", "Tokens, by model and kind: input, output, cached (input served from the prompt cache).",
             ["model", "kind"], registry=r)
@@ -222,13 +155,6 @@ class Metrics:
             "ors_gate_rejections", "Requests refused by the replay gate or schema admission, by reason.",
             ["reason"], registry=r)
         r.register(self._backends)
-        # prometheus_client's labels() checks and locks on every call; each set of label
-        # values is looked up once (a response's end made seven such calls, ~8 us)
-        self._ended: dict[tuple[str, str], _Ended] = {}
-        self._requests: dict[tuple[str, str, int, str], _Tally] = {}
-        self.in_progress = 0
-        """Responses being generated now (``ors_responses_in_progress`` at the flush)."""
-        self._batching = not _multiprocess()  # see the module docstring
         self._named = named
         self._models: set[str] = {""}
         self._admitted = 0
@@ -246,18 +172,9 @@ class Metrics:
         self._models.add(model)
         return model
 
-    def flush(self) -> None:
-        """Hand what was counted since the last flush to the library's metrics."""
-        for ended in self._ended.values():
-            ended.flush()
-        for tally in self._requests.values():
-            tally.flush()
-        self.responses_in_progress.set(self.in_progress)
-
     def exposition(self) -> bytes:
-        """The text a scrape gets: this process's registry, or with worker processes
-        (see the module docstring) every worker's values summed."""
-        self.flush()
+        """The text a scrape gets: this app's registry, or with worker processes (see the
+        module docstring) every worker's values summed."""
         if not _multiprocess():
             return generate_latest(self.registry)
         merged = CollectorRegistry()
@@ -269,47 +186,30 @@ class Metrics:
         self, *, model: str, status: str, error_code: str | None, seconds: float,
         first_output_seconds: float | None, input_tokens: int, output_tokens: int, cached_tokens: int,
     ) -> None:
+        """A response ended (``status``: completed, incomplete, failed, cancelled), with
+        its failure's code, its duration, the time to its first output (``None``: there
+        was none) and its token counts."""
         model = self._model(model, status != "failed")
-        of = self._ended.get((model, status))
-        if of is None:
-            of = self._ended[(model, status)] = _Ended(
-                _Tally(self.responses.labels(model, status)), _Observations(self.duration.labels(model)),
-                _Observations(self.time_to_first_token.labels(model)), _Tally(self.tokens.labels(model, "input")),
-                _Tally(self.tokens.labels(model, "output")), _Tally(self.tokens.labels(model, "cached")),
-                _Tally(self.prompt_cache_hits.labels(model)))
-        of.responses.count += 1
-        of.duration.observe(seconds)
+        self.responses.labels(model, status).inc()
+        self.duration.labels(model).observe(seconds)
         if first_output_seconds is not None:
-            of.first_token.observe(first_output_seconds)
+            self.time_to_first_token.labels(model).observe(first_output_seconds)
         if error_code is not None:
             self.failures.labels(model, error_code).inc()
-        of.input_tokens.count += input_tokens
-        of.output_tokens.count += output_tokens
+        self.tokens.labels(model, "input").inc(input_tokens)
+        self.tokens.labels(model, "output").inc(output_tokens)
         if cached_tokens:
-            of.cached_tokens.count += cached_tokens
-            of.cache_hits.count += 1
-        if not self._batching:
-            self.flush()
+            self.tokens.labels(model, "cached").inc(cached_tokens)
+            self.prompt_cache_hits.labels(model).inc()
 
     def http_request(self, route: str, method: str, status: int, model: str) -> None:
         """One HTTP request over (by route template, method, status and model)."""
-        model = self._model(model, status < 400)
-        key = (route, method, status, model)
-        tally = self._requests.get(key)
-        if tally is None:
-            tally = self._requests[key] = _Tally(self.http_requests.labels(route, method, str(status), model))
-        tally.count += 1
-        if not self._batching:
-            self.flush()
+        self.http_requests.labels(route, method, str(status), self._model(model, status < 400)).inc()
 
     def response_started(self) -> None:
         """A response began generating (``ors_responses_in_progress``)."""
-        self.in_progress += 1
-        if not self._batching:
-            self.flush()
+        self.responses_in_progress.inc()
 
     def response_left(self) -> None:
         """A response that began generating is over, however it ended."""
-        self.in_progress -= 1
-        if not self._batching:
-            self.flush()
+        self.responses_in_progress.dec()

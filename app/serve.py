@@ -60,7 +60,7 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         """uvicorn's, with the log written out once the server has finished: the signal
         that stopped it is raised again on the way out, and ends the process before
-        exit handlers could write what the log holds (:class:`app.logs.BufferedStreamHandler`)."""
+        exit handlers could write the lines still queued (:func:`app.logs.flush`)."""
         with super().capture_signals():
             try:
                 yield

@@ -149,7 +149,7 @@ def _child(argv: list[str]) -> None:
         from app.config import Settings
 
         settings = Settings()
-        logs.configure(settings.log_level, settings.log_format, buffered=True)
+        logs.configure(settings.log_level, settings.log_format, queued=True)
     between = _callgrind_control if os.environ.get(UNDER_CALLGRIND) else (lambda _: None)
     uvloop.run(drive(target, fmt, upstream, requests, warm, between))
 

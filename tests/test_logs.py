@@ -1,12 +1,20 @@
-"""The server's log handler writes in bulk: info lines wait (for more, or half a second
-on the event loop), a warning takes everything before it out at once, in order."""
+"""Logging as the server sets it up: standard records, handlers and formatters; the
+request id on every line; the server's lines written off the event loop, none lost."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,89 +22,22 @@ from app import logs
 
 anyio = pytest.mark.anyio
 
-
-class CountingStream(io.StringIO):
-    """A stream that counts its writes (each one a system call on a real stream)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes = 0
-
-    def write(self, text: str) -> int:
-        self.writes += 1
-        return super().write(text)
+SCOPE = {"client": ("127.0.0.1", 50412), "path": "/v1/responses", "query_string": b"a=1", "method": "POST",
+         "http_version": "1.1"}
 
 
 @pytest.fixture
-def logged() -> tuple[logging.Logger, CountingStream, logs.BufferedStreamHandler]:
-    stream = CountingStream()
-    handler = logs.BufferedStreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    logger = logging.Logger("buffered-test")
-    logger.addHandler(handler)
-    return logger, stream, handler
-
-
-def test_outside_an_event_loop_every_line_is_written_at_once(logged) -> None:  # type: ignore[no-untyped-def]
-    logger, stream, _ = logged
-    logger.info("one")
-    assert stream.getvalue() == "INFO one\n"
-
-
-@anyio
-async def test_info_lines_wait_and_a_warning_takes_them_out_in_order(logged) -> None:  # type: ignore[no-untyped-def]
-    logger, stream, _ = logged
-    for number in range(5):
-        logger.info("line %d", number)
-    assert stream.getvalue() == ""
-    logger.warning("trouble")
-    assert stream.getvalue().splitlines() == [*(f"INFO line {n}" for n in range(5)), "WARNING trouble"]
-    assert stream.writes == 1
-
-
-@anyio
-async def test_info_lines_are_written_within_the_delay(logged, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(logs, "FLUSH_SECONDS", 0.05)
-    logger, stream, _ = logged
-    logger.info("a")
-    logger.info("b")
-    assert stream.getvalue() == ""
-    await asyncio.sleep(0.2)
-    assert stream.getvalue() == "INFO a\nINFO b\n" and stream.writes == 1
-    logger.info("c")  # a new timer for the next line
-    await asyncio.sleep(0.2)
-    assert stream.getvalue().endswith("INFO c\n")
-
-
-@anyio
-async def test_a_full_buffer_and_a_flush_write_at_once(logged, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(logs, "FLUSH_BYTES", 100)
-    logger, stream, handler = logged
-    for _ in range(20):
-        logger.info("x" * 10)
-    assert 0 < stream.writes < 20 and len(stream.getvalue()) >= 100
-    logger.info("last")
-    handler.flush()
-    assert stream.getvalue().endswith("INFO last\n")
-
-
-def test_a_loop_that_stopped_leaves_no_line_behind(logged, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """A line whose timer was set by a loop that stopped before it fired goes out with
-    the next loop's timer."""
-    monkeypatch.setattr(logs, "FLUSH_SECONDS", 0.05)
-    logger, stream, _ = logged
-
-    async def log_and_leave() -> None:
-        logger.info("from the first loop")
-
-    async def log_and_wait() -> None:
-        logger.info("from the second")
-        await asyncio.sleep(0.3)
-
-    asyncio.run(log_and_leave())
-    assert stream.getvalue() == ""
-    asyncio.run(log_and_wait())
-    assert stream.getvalue() == "INFO from the first loop\nINFO from the second\n"
+def server_logging() -> Iterator[None]:
+    """Logging as :func:`logs.configure` sets it up for a server, undone afterwards."""
+    names = ["", "ors", "uvicorn", "uvicorn.error", "uvicorn.access"]
+    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level,
+                    logging.getLogger(name).propagate) for name in names}
+    yield
+    logs.configure("warning", "text", stream=io.StringIO())  # stops a queue's writer
+    for name, (handlers, level, propagate) in saved.items():
+        logger = logging.getLogger(name)
+        logger.handlers[:], logger.propagate = handlers, propagate
+        logger.setLevel(level)
 
 
 def test_every_logger_of_the_server_is_under_ors() -> None:
@@ -114,107 +55,156 @@ def test_every_logger_of_the_server_is_under_ors() -> None:
     assert ours == []
 
 
-def test_the_time_of_a_line_is_what_the_standard_formatter_writes() -> None:
-    """The date and time made once a second are those the standard formatter makes for
-    each line (text), and the UTC time the JSON line had, for times across many seconds
-    and milliseconds, in any order."""
-    import json
-    import random
-    import time
-
-    text, standard = logs.TextFormatter(logs._TEXT), logging.Formatter(logs._TEXT)
-    random.seed(11)
-    moments = [1_800_000_000 + random.uniform(0, 5) for _ in range(300)] + [1_700_000_000.0, 1_700_000_000.999]
-    for created in moments:
-        record = logging.LogRecord("ors.access", logging.INFO, "x", 0, "line %d", (1,), None)
-        record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
-        record.request_id = "-"
-        assert text.format(record) == standard.format(record)
-        assert text.formatTime(record, "%H:%M") == standard.formatTime(record, "%H:%M")
-        utc = json.loads(logs.JsonFormatter().format(record))["time"]
-        assert utc == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(record.msecs):03d}Z"
+def test_a_text_line_is_the_standard_formatters_with_the_request_id(server_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("info", "text", stream=stream)
+    logging.getLogger("ors.test").info("outside %s", "a request")
+    token = logs.request_id.set("req-1")
+    try:
+        logging.getLogger("ors.test").warning("inside")
+    finally:
+        logs.request_id.reset(token)
+    outside, inside = stream.getvalue().splitlines()
+    assert outside.endswith(" INFO ors.test [-] outside a request")
+    assert inside.endswith(" WARNING ors.test [req-1] inside")
+    time.strptime(outside.split(",")[0], "%Y-%m-%d %H:%M:%S")
 
 
-@pytest.fixture
-def server_logging() -> Iterator[None]:
-    """Logging as :func:`logs.configure` sets it up for a server, undone afterwards."""
-    names = ["", "ors", "uvicorn", "uvicorn.error", "uvicorn.access"]
-    saved = {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level,
-                    logging.getLogger(name).propagate) for name in names}
-    flags = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)  # type: ignore[attr-defined]
-    direct = logs._direct
-    yield
-    for name, (handlers, level, propagate) in saved.items():
-        logger = logging.getLogger(name)
-        logger.handlers[:], logger.propagate = handlers, propagate
-        logger.setLevel(level)
-    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = flags  # type: ignore[attr-defined]
-    logs._direct = direct
+def test_a_json_line_has_the_fields_and_the_exception(server_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("info", "json", stream=stream)
+    token = logs.request_id.set("req-2")
+    try:
+        try:
+            raise ValueError("broken")
+        except ValueError:
+            logging.getLogger("ors.test").exception("failed %d", 7)
+    finally:
+        logs.request_id.reset(token)
+    logging.getLogger("ors.test").info("plain")
+    failed, plain = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert {key: failed[key] for key in ("level", "logger", "message", "request_id")} == {
+        "level": "error", "logger": "ors.test", "message": "failed 7", "request_id": "req-2"}
+    assert failed["exception"].startswith("Traceback") and "ValueError: broken" in failed["exception"]
+    assert set(plain) == {"time", "level", "logger", "message"}  # no request, no exception
+    assert time.strptime(plain["time"], "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_the_json_time_is_utc_with_milliseconds() -> None:
+    record = logging.LogRecord("ors.access", logging.INFO, "x", 0, "line %d", (1,), None)
+    record.created, record.msecs = 1_800_000_000.25, 250.0
+    assert json.loads(logs.JsonFormatter().format(record))["time"] == "2027-01-15T08:00:00.250Z"
 
 
 @pytest.mark.parametrize("fmt", ["text", "json"])
-def test_an_access_line_written_directly_is_the_line_logging_writes(
-    server_logging: None, monkeypatch: pytest.MonkeyPatch, fmt: logs.LogFormat
-) -> None:
-    """The server's access line skips logging's dispatch while logging is as configured,
-    and is the line logging writes once anything else is configured (here a filter on
-    the access logger, which then sees the record)."""
-    import time
-
-    logs.configure("info", fmt, buffered=True)
-    handler = logging.getLogger().handlers[0]
-    assert isinstance(handler, logs.BufferedStreamHandler)
-    handler.stream = io.StringIO()
-    monkeypatch.setattr(time, "time", lambda: 1_800_000_123.456789)
-    scope = {"client": ("127.0.0.1", 50412), "path": "/v1/responses", "query_string": b"a=1", "method": "POST",
-             "http_version": "1.1"}
+def test_an_access_line_is_an_ordinary_record_of_ors_access(server_logging: None, fmt: logs.LogFormat) -> None:
+    """A filter on the access logger sees it; the handler's formatter writes it."""
+    stream = io.StringIO()
+    logs.configure("info", fmt, stream=stream)
     seen: list[logging.LogRecord] = []
     watcher = logging.Filter()
     watcher.filter = lambda record: seen.append(record) or True  # type: ignore[method-assign]
+    logs.access.addFilter(watcher)
     token = logs.request_id.set("req-1")
     try:
-        logs.log_access(scope, 200, 0.0013)
-        assert logs._direct is not None and logs._direct.intact() and seen == []
-        logs.access.addFilter(watcher)
-        try:
-            assert not logs._direct.intact()
-            logs.log_access(scope, 200, 0.0013)
-        finally:
-            logs.access.removeFilter(watcher)
+        logs.log_access(SCOPE, 200, 0.0013)
     finally:
         logs.request_id.reset(token)
-    handler.flush()
-    direct, standard = handler.stream.getvalue().splitlines()
-    assert len(seen) == 1
-    assert direct == standard
-    assert '127.0.0.1:50412 - \\"POST /v1/responses?a=1 HTTP/1.1\\" 200 1.3ms' in direct if fmt == "json" else \
-        '[req-1] 127.0.0.1:50412 - "POST /v1/responses?a=1 HTTP/1.1" 200 1.3ms' in direct
+        logs.access.removeFilter(watcher)
+    message = '127.0.0.1:50412 - "POST /v1/responses?a=1 HTTP/1.1" 200 1.3ms'
+    assert len(seen) == 1 and seen[0].name == "ors.access" and seen[0].getMessage() == message
+    line = stream.getvalue().rstrip("\n")
+    if fmt == "json":
+        assert json.loads(line)["message"] == message and json.loads(line)["request_id"] == "req-1"
+    else:
+        assert line.endswith(f"INFO ors.access [req-1] {message}")
+
+
+def test_no_access_line_below_info(server_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("warning", "text", stream=stream)
+    logs.log_access(SCOPE, 200, 0.0013)
+    assert stream.getvalue() == ""
+
+
+class BlockedStream(io.StringIO):
+    """A stderr that cannot be written to (a full pipe) until :attr:`open` is set; notes
+    the threads that wrote to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = threading.Event()
+        self.writers: set[int] = set()
+
+    def write(self, text: str) -> int:
+        self.open.wait()
+        self.writers.add(threading.get_ident())
+        return super().write(text)
 
 
 @anyio
-async def test_access_lines_are_formatted_when_written_in_their_place_among_the_others(
-    server_logging: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An access line waits as its fields and is formatted as the buffer is written,
-    between the lines logged before and after it; the time it shows is its response's
-    end, not the moment it is written."""
-    import time
+async def test_a_blocked_stderr_does_not_hold_up_the_event_loop(server_logging: None) -> None:
+    """Queued: each line is formatted where it is logged (with that task's request id)
+    and written by another thread, in order; :func:`logs.flush` waits for them all."""
+    stream = BlockedStream()
+    logs.configure("info", "text", queued=True, stream=stream)
 
-    logs.configure("info", "text", buffered=True)
-    handler = logging.getLogger().handlers[0]
-    stream = CountingStream()
-    handler.stream = stream
-    scope = {"client": ("127.0.0.1", 50412), "path": "/v1/responses", "query_string": b"", "method": "POST",
-             "http_version": "1.1"}
-    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.25)
-    logging.getLogger("ors.test").info("first")
-    logs.log_access(scope, 200, 0.0013)
-    monkeypatch.setattr(time, "time", lambda: 1_800_000_001.5)
-    logs.log_access(scope, 503, 0.5)
-    assert stream.writes == 0 and any(isinstance(line, logs.AccessLine) for line in handler._lines)
-    logging.getLogger("ors.test").warning("second")
+    async def request(number: int) -> None:
+        logs.request_id.set(f"req-{number}")
+        await asyncio.sleep(0)
+        logging.getLogger("ors.test").info("line %d", number)
+
+    await asyncio.wait_for(asyncio.gather(*(request(number) for number in range(200))), timeout=30)
+    assert stream.getvalue() == ""  # all logged, none written yet
+    stream.open.set()
+    logs.flush()
     lines = stream.getvalue().splitlines()
-    assert stream.writes == 1 and len(lines) == 4
-    assert lines[0].endswith("INFO ors.test [-] first") and lines[3].endswith("WARNING ors.test [-] second")
-    assert lines[1].endswith('127.0.0.1:50412 - "POST /v1/responses HTTP/1.1" 200 1.3ms') and ",250 INFO" in lines[1]
-    assert lines[2].endswith('127.0.0.1:50412 - "POST /v1/responses HTTP/1.1" 503 500.0ms') and ",500 INFO" in lines[2]
+    assert [line.split(" INFO ors.test ")[1] for line in lines] == [f"[req-{n}] line {n}" for n in range(200)]
+    assert threading.get_ident() not in stream.writers
+    logging.getLogger("ors.test").warning("after the flush")  # the writer goes on
+    logs.flush()
+    assert stream.getvalue().endswith("WARNING ors.test [-] after the flush\n")
+
+
+def test_an_exception_crosses_the_queue_as_text(server_logging: None) -> None:
+    stream = io.StringIO()
+    logs.configure("info", "json", queued=True, stream=stream)
+    try:
+        raise KeyError("gone")
+    except KeyError:
+        logging.getLogger("ors.test").exception("failed")
+    logs.flush()
+    line = json.loads(stream.getvalue())
+    assert line["message"] == "failed" and "KeyError: 'gone'" in line["exception"]
+
+
+CHILD = textwrap.dedent("""
+    import logging, os, signal, sys, time
+    from app import logs
+
+    class Slow:  # a stderr slower than the lines come: they wait in the queue
+        def write(self, text):
+            time.sleep(0.0005)
+            return sys.stderr.write(text)
+
+        def flush(self):
+            sys.stderr.flush()
+
+    logs.configure("info", "text", queued=True, stream=Slow())
+    for number in range(2000):
+        logging.getLogger("ors.test").info("line %d", number)
+    if sys.argv[1] == "signal":
+        logs.flush()  # what the server does once it has finished, before the signal ends it
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+@pytest.mark.parametrize("ending", ["exit", "signal"])
+def test_no_queued_line_is_lost_at_the_end(ending: str) -> None:
+    """A process that exits writes every queued line (at exit); one ended by a signal,
+    every line logged before :func:`logs.flush`."""
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", CHILD, ending], capture_output=True, text=True, timeout=120,
+                          cwd=root, env={**os.environ, "PYTHONPATH": root})
+    lines = done.stderr.splitlines()
+    assert [line.rsplit(" ", 1)[1] for line in lines] == [str(number) for number in range(2000)], done.stderr[-2000:]

@@ -1,5 +1,6 @@
-"""The metrics' own bookkeeping, on a real prometheus-client registry: model labels stay
-bounded whatever model ids clients send."""
+"""The server's metrics on real prometheus-client registries: what a scrape reads after
+requests and responses, one registry per app, and model labels bounded whatever model
+ids clients send."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.metrics import _DURATION_BUCKETS, _LATENCY_BUCKETS, MODEL_LABELS, OTHER_MODEL, Metrics
+from app.metrics import DURATION_BUCKETS, LATENCY_BUCKETS, MODEL_LABELS, OTHER_MODEL, Metrics
 
 
 def _models(metrics: Metrics, family: str) -> set[str]:
@@ -65,11 +66,11 @@ def _samples(text: str, families: set[str] | None = None) -> Sample:
             if not sample.name.endswith("_created") and (families is None or family.name in families)}
 
 
-def _same(batched: Sample, direct: Sample) -> None:
-    """Equal samples; a histogram's sum to the last few bits (added in another order)."""
-    assert batched.keys() == direct.keys()
-    for key, value in direct.items():
-        assert batched[key] == (pytest.approx(value, rel=1e-12) if key[0].endswith("_sum") else value), key
+def _same(reported: Sample, expected: Sample) -> None:
+    """Equal samples; a histogram's sum to the last few bits."""
+    assert reported.keys() == expected.keys()
+    for key, value in expected.items():
+        assert reported[key] == (pytest.approx(value, rel=1e-12) if key[0].endswith("_sum") else value), key
 
 
 class Library:
@@ -81,8 +82,8 @@ class Library:
         self.requests = Counter("ors_http_requests", "", ["route", "method", "status", "model"], registry=r)
         self.responses = Counter("ors_responses", "", ["model", "status"], registry=r)
         self.in_progress = Gauge("ors_responses_in_progress", "", registry=r)
-        self.first = Histogram("ors_time_to_first_token_seconds", "", ["model"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.duration = Histogram("ors_response_duration_seconds", "", ["model"], buckets=_DURATION_BUCKETS, registry=r)
+        self.first = Histogram("ors_time_to_first_token_seconds", "", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("ors_response_duration_seconds", "", ["model"], buckets=DURATION_BUCKETS, registry=r)
         self.tokens = Counter("ors_tokens", "", ["model", "kind"], registry=r)
         self.hits = Counter("ors_prompt_cache_hits", "", ["model"], registry=r)
 
@@ -90,31 +91,27 @@ class Library:
         return {family.name for family in self.registry.collect()}
 
 
-def test_counted_in_plain_numbers_a_scrape_reads_what_the_library_would_have() -> None:
-    """Random requests and responses counted by :class:`Metrics` (in plain numbers,
-    handed over at each scrape) and by prometheus-client's own updates one by one: the
-    same samples, histogram buckets on their bounds included; and the same again with
-    every update handed over at once (as with worker processes)."""
+def test_a_scrape_reads_what_was_reported() -> None:
+    """Random requests and responses reported to :class:`Metrics`, and the same updates
+    made one by one on prometheus-client's metrics (the oracle): the same samples at
+    every scrape, histogram buckets on their bounds included."""
     rng = random.Random(7)
-    batching, direct, library = Metrics(), Metrics(), Library()
-    direct._batching = False
+    metrics, library = Metrics(), Library()
     durations = [0.0, 0.005, 0.01, 0.0100001, 0.3, 1, 29.9, 30, 301, 1799, 1800, 5000]
     for step in range(2000):
         model, status = rng.choice(["m1", "m2"]), rng.choice(["completed", "incomplete"])
         seconds = rng.choice(durations) if step % 3 else rng.uniform(0, 2000)
         first = None if step % 5 == 0 else rng.choice([*durations, rng.uniform(0, 400)])
         code = rng.choice([200, 400]) if step % 2 else 200
-        for metrics in (batching, direct):
-            metrics.response_started()
-            metrics.http_request("/v1/responses", "POST", code, model)
+        metrics.response_started()
+        metrics.http_request("/v1/responses", "POST", code, model)
         library.in_progress.inc()
         library.requests.labels("/v1/responses", "POST", str(code), model).inc()
         if step % 7:
-            for metrics in (batching, direct):
-                metrics.response_ended(model=model, status=status, error_code=None, seconds=seconds,
-                                       first_output_seconds=first, input_tokens=step, output_tokens=step % 13,
-                                       cached_tokens=step % 4)
-                metrics.response_left()
+            metrics.response_ended(model=model, status=status, error_code=None, seconds=seconds,
+                                   first_output_seconds=first, input_tokens=step, output_tokens=step % 13,
+                                   cached_tokens=step % 4)
+            metrics.response_left()
             library.in_progress.dec()
             library.responses.labels(model, status).inc()
             library.duration.labels(model).observe(seconds)
@@ -127,6 +124,33 @@ def test_counted_in_plain_numbers_a_scrape_reads_what_the_library_would_have() -
                 library.hits.labels(model).inc()
         if step % 400 == 0 or step == 1999:  # scrapes in between, and at the end
             expected = _samples(generate_latest(library.registry).decode())
-            for metrics in (batching, direct):
-                _same(_samples(metrics.exposition().decode(), library.families()), expected)
+            _same(_samples(metrics.exposition().decode(), library.families()), expected)
     assert expected[("ors_responses_in_progress", ())] == sum(1 for step in range(2000) if not step % 7)
+
+
+def test_each_app_counts_in_its_own_registry() -> None:
+    first, second = Metrics(), Metrics()
+    first.http_request("/healthz", "GET", 200, "")
+    first.response_started()
+    first.gate_rejections.labels("arguments_parse").inc()
+    one, other = _samples(first.exposition().decode()), _samples(second.exposition().decode())
+    key = ("ors_http_requests_total", (("method", "GET"), ("model", ""), ("route", "/healthz"), ("status", "200")))
+    assert one[key] == 1 and key not in other
+    assert one[("ors_responses_in_progress", ())] == 1 and other[("ors_responses_in_progress", ())] == 0
+    assert one[("ors_gate_rejections_total", (("reason", "arguments_parse"),))] == 1
+    assert ("ors_gate_rejections_total", (("reason", "arguments_parse"),)) not in other
+
+
+def test_the_backends_gauges_are_asked_at_each_scrape() -> None:
+    from types import SimpleNamespace
+
+    gauges = SimpleNamespace(model="local", slots=4, slots_busy=1, waiting=2, up=True, restarts=0)
+    metrics = Metrics(lambda: [gauges])
+    seen = _samples(metrics.exposition().decode())
+    gauges.slots_busy, gauges.up, gauges.restarts = 3, False, 1
+    later = _samples(metrics.exposition().decode())
+    model = (("model", "local"),)
+    assert (seen[("ors_model_slots", model)], seen[("ors_model_slots_busy", model)],
+            seen[("ors_model_queue_depth", model)], seen[("ors_model_up", model)]) == (4, 1, 2, 1)
+    assert (later[("ors_model_slots_busy", model)], later[("ors_model_up", model)],
+            later[("ors_model_restarts_total", model)]) == (3, 0, 1)

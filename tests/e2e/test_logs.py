@@ -1,5 +1,5 @@
 """Logs of a real ``ors serve`` process: JSON lines, request ids, nothing secret; lines
-written in bulk, yet within a second of the request."""
+written off the event loop, yet while the server serves."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def test_json_lines_with_request_ids_and_no_secrets(process: ServerProcess, tmp_
     assert KEY not in log and "PELICAN-7731" not in log
 
 
-def test_an_access_line_is_written_within_a_second_while_serving(tmp_path: Path) -> None:
-    """Info lines wait in the server's buffer for half a second at most: the line of a
-    request reaches the log while the server goes on serving (not only at its exit)."""
+def test_an_access_line_is_written_while_serving(tmp_path: Path) -> None:
+    """The server's lines are written by a thread of their own: the line of a request
+    reaches the log while the server goes on serving (not only at its exit)."""
     server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
     try:
         reply = httpx.get(f"{server.url}/healthz", headers={"x-request-id": "soon-1"}, timeout=10)

@@ -13,8 +13,8 @@ visible, which the same statement holds with a share lock.
 
 The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, run by
 :class:`app.store.direct.Direct` like the rest of the write path. SQLite keeps the plain
-statements of :mod:`app.store.statements`: its writes are calls into the library in the
-writer process, where a statement costs no round trip, and it has no ``RETURNING`` in
+statements of :mod:`app.store.statements`: its writes are calls into the library on the
+writer thread, where a statement costs no round trip, and it has no ``RETURNING`` in
 ``WITH``. The values go in as :mod:`app.store.schema` would store them: JSON documents
 as their text, exactly.
 """

@@ -9,8 +9,8 @@ client disconnected at the wrong moment. Reads of several statements see one sna
 Concurrency. On PostgreSQL, ``begin`` takes a share lock on the response it continues
 and ``delete`` takes an update lock on the root of the chain before it decides which
 items are still needed; so a continuation can never commit on top of items a
-concurrent delete removes, and deletes in one chain are serialized. On SQLite writers
-are serialized by the database.
+concurrent delete removes, and deletes in one chain are serialized. On SQLite every
+write runs on the store's one writer thread (:mod:`app.store.sqlite_writer`).
 
 Deletion. A deleted response stays as a hidden row (tombstone) without its content:
 its JSON, instructions and events are removed at once (nothing can read them any more),
@@ -62,7 +62,7 @@ from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLive
 from app.store.migrate import upgrade
 from app.store.relay import PostgresEventRelay, RelayedEvent, Source
 from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
-from app.store.sqlite_writer import WriterProcess
+from app.store.sqlite_writer import SqliteWriter
 
 log = logging.getLogger("ors.store")
 
@@ -139,8 +139,8 @@ class SqlResponseStore(ResponseStore):
         engine = create_engine(self.url, pool_size=self._pool_size)
         self._engine = engine
         if self.is_sqlite:
-            self._db, self._group = SqliteDatabase(self.url), WriterProcess(self.url)
-            await self._group.start()
+            sqlite = SqliteDatabase(self.url)
+            self._db, self._group = sqlite, SqliteWriter(sqlite)
         else:
             postgres = PostgresDatabase(engine, writers=POSTGRES_WRITERS)
             self._db, self._group = postgres, GroupCommit(postgres, writers=POSTGRES_WRITERS)

@@ -16,9 +16,8 @@ from sqlalchemy.engine import Connection
 from app.errors import PreviousResponseNotFound
 from app.store.base import StoreConflict
 from app.store.engines import SQLITE_PRAGMAS, sqlite_url
-from app.store.group_commit import CHECKPOINT_EVERY
 from app.store.sql import SqlResponseStore
-from app.store.sqlite_writer import WriterProcess
+from app.store.sqlite_writer import CHECKPOINT_EVERY, SqliteWriter
 from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_response
 
@@ -200,7 +199,7 @@ async def test_sqlite_commits_never_checkpoint_and_the_writer_keeps_the_wal_shor
     await store.open()
     try:
         group = store._group
-        assert isinstance(group, WriterProcess)
+        assert isinstance(group, SqliteWriter)
         for _ in range(6 * CHECKPOINT_EVERY):  # one commit each, about 49 KB of WAL
             one = new_response(tenant)
             output = [assistant_message("done " * 50)]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql.expression import Executable
 
 Params = Mapping[str, Any]
@@ -102,7 +102,7 @@ class Direct:
         return compiled
 
 
-def _as_sqlalchemy(sql: str, error: Exception, dialect: Dialect) -> DBAPIError:
+def _as_sqlalchemy(sql: str, error: Exception, dialect: Dialect) -> StatementError:
     """The driver's error as SQLAlchemy raises it for its own statements: an
     :class:`IntegrityError` for a constraint, an ``OperationalError`` or
     ``InterfaceError`` for a connection that failed, and so on."""

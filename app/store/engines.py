@@ -144,8 +144,8 @@ def ping_when_idle(engine: AsyncEngine, bypass_seconds: float = ALIVE_BYPASS_SEC
     than ``bypass_seconds``; a new connection, or one returned since, is used as it is.
 
     SQLAlchemy's ``pool_pre_ping`` checks every checkout, and on asyncpg its check is
-    three round trips (``BEGIN``, an empty query, ``ROLLBACK``): a stored stream, two
-    checkouts, spent six of its seventeen round trips on it. A connection that failed
+    three round trips (``BEGIN``, an empty query, ``ROLLBACK``), on every read and write
+    of the store. A connection that failed
     the check is dropped and another taken (the pool's ``DisconnectionError``
     contract), as with ``pool_pre_ping``. What is given up: a connection that broke
     within the window (the server restarted just after it was returned) fails its

@@ -2,9 +2,9 @@
 
 On PostgreSQL every statement of a write is a round trip to the server, and each costs
 the event loop its part of SQLAlchemy's asyncpg adaptation and the server a backend
-wake-up. A stored stream's end was three (the row's update, its output items, its
-events) and its start two (the row, its input items), besides the transaction's own.
-Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
+wake-up. Written plainly, a stored stream's end is three statements (the row's update,
+its output items, its events) and its start two (the row, its input items), besides
+the transaction's own. Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
 ``WITH`` query whose ``RETURNING`` feeds the inserts of the items (all of them, from
 arrays: ``unnest``) and of the events, which write nothing when it wrote nothing (the
 response was deleted, cancelled or ended meanwhile). The statement answers how many rows

@@ -82,6 +82,17 @@ async def test_a_cancelled_caller_does_not_cancel_its_write(new_store: NewStore,
     assert (await second.get(tenant, one.id)) is not None
 
 
+async def test_a_write_after_close_fails_at_once(new_store: NewStore, tenant: str) -> None:
+    store = await new_store()
+    group = store._group
+    assert group is not None
+    await store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await group.run(_synchronous)
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.begin(new_response(tenant))
+
+
 async def test_record_writes_a_whole_response_in_one_commit(store: SqlResponseStore, tenant: str) -> None:
     one = new_response(tenant)
     output = [assistant_message("whole")]

@@ -1,16 +1,15 @@
 """How a response's events are stored: their JSON texts one per line, zlib-compressed.
 
 An event's JSON (as the server serializes it) never holds a raw line break, so the
-lines are the events as they were sent, with nothing escaped: storing them as a JSON
-array of strings, as before, escaped every quote of every event again (a stored JSON
-answer spent about 25 µs of its 0.13 ms of recording on that). What was stored that
-way still reads: a body that starts with ``[`` is such an array (an event starts with
-``{``), and events that did hold a line break would be stored that way too.
+lines are the events as they were sent, with nothing escaped (a JSON array of strings
+would escape every quote of every event again). What was stored as such an array still
+reads: a body that starts with ``[`` is one (an event starts with ``{``), and events
+that did hold a line break are stored that way too.
 
-Streams repeat the same keys and ids in every delta event, so they compress tenfold.
+Streams repeat the same keys and ids in every delta event, so they compress well.
 Large payloads are (de)compressed in a worker thread (zlib releases the GIL), so a long
 response does not stall the event loop; small ones are compressed by SQLite's writer
-process as it writes them (:func:`packer`).
+thread as it writes them (:func:`packer`).
 """
 
 from __future__ import annotations
@@ -30,11 +29,10 @@ INLINE_LIMIT = 64 * 1024
 LEVEL = 6
 WINDOW_BITS = 12
 MEMORY_LEVEL = 5
-"""A 4 KiB window and a small state: zlib's defaults (32 KiB, level 8) cost most of the
-time of a typical response's events in setting up the compressor (79 against 17 µs for
-2.4 KB, 144 against 99 µs for 24 KB), and compressed them no smaller (11× and 64× both):
-what repeats, repeats from one event to the next. ``zlib.decompress`` reads the window
-from the header, so what was stored with the defaults reads as before."""
+"""A 4 KiB window and a small state: what repeats in a response's events repeats from
+one event to the next, so zlib's larger defaults compress them no smaller and cost more
+to set up. ``zlib.decompress`` reads the window from the header, so what was stored with
+the defaults reads as before."""
 
 
 def pack_events_now(events: list[str]) -> bytes:
@@ -66,11 +64,11 @@ async def pack_events(events: list[str]) -> bytes:
 async def packer(events: list[str], *, beside_loop: bool) -> Callable[[], bytes]:
     """What a write calls, in its transaction, for the stored body of ``events``.
 
-    ``beside_loop``: the write runs beside the event loop (SQLite's writer process), so
-    a small payload is packed there: a stored answer's events (about 5 KB, 25-40 µs)
-    are compressed on the other core instead of on the event loop. Otherwise (PostgreSQL's
-    writes run on the loop), and for a large payload (which would hold every write queued
-    behind it), the body is packed here, before the write, as :func:`pack_events` does."""
+    ``beside_loop``: the write runs beside the event loop (SQLite's writer thread), so a
+    small payload is packed there, in the write's transaction, instead of on the event
+    loop. Otherwise (PostgreSQL's writes run on the loop), and for a large payload (which
+    would hold every write queued behind it), the body is packed here, before the write,
+    as :func:`pack_events` does: on the loop if small, in a worker thread if large."""
     if beside_loop and sum(len(event) for event in events) < INLINE_LIMIT:
         return functools.partial(pack_events_now, events)
     return functools.partial(_given, await pack_events(events))

@@ -4,18 +4,14 @@ Every read and write of :mod:`app.store.statements` is a plain function of a SQL
 ``Connection`` (``fn(connection) -> result``), so each engine runs it the cheapest way
 it can, and the statements are written once:
 
-* **SQLite** (the stdlib driver, synchronous): the whole transaction runs in one worker
+* **SQLite** (the stdlib driver, synchronous): the whole transaction runs in one
   thread, so a transaction of five statements costs one hop off the event loop, not
-  five. Writes go to a single writer, a process of its own (SQLite has one writer;
-  ``BEGIN IMMEDIATE``; :mod:`app.store.sqlite_writer`), reads to a small pool of reader
-  threads (WAL: readers never wait for the writer). The
-  event loop never blocks on the database.
+  five. Writes go to the store's one writer thread (SQLite has one writer; ``BEGIN
+  IMMEDIATE``; :mod:`app.store.sqlite_writer`), reads to a small pool of reader threads
+  (WAL: readers never wait for the writer). The event loop never blocks on the
+  database.
 * **PostgreSQL** (asyncpg): the function runs through SQLAlchemy's ``run_sync`` on an
   async connection; statements are awaited inside, the event loop stays free.
-
-Measured on a 2-core machine, SQLite with ``synchronous=FULL``: a response's begin went
-from 2.4 ms (aiosqlite: a thread hop and a greenlet switch per statement) to 0.7 ms, a
-read by id from 1.7 ms to 0.3 ms.
 """
 
 from __future__ import annotations
@@ -49,7 +45,7 @@ SQLITE_READERS = 2
 class Database(abc.ABC):
     """Reads for every engine; writes go through a group commit
     (:mod:`app.store.group_commit`), which calls :meth:`PostgresDatabase.write` or, in
-    SQLite's writer process, :meth:`SqliteDatabase.transaction`."""
+    SQLite's writer thread, :meth:`SqliteDatabase.transaction`."""
 
     @abc.abstractmethod
     async def read(self, fn: Transaction[T], *, single: bool = False) -> T:
@@ -78,9 +74,8 @@ class SqliteDatabase(Database):
         event.listen(self._engine, "begin", begin_sqlite)
         self._writer_engine = self._engine.execution_options(**{WRITE_OPTION: True})
         self._writing: Connection | None = None
-        """The writer's own connection, kept open between writes (a checkout from the
-        pool and back, per write, cost about a quarter of a write's CPU); used only in
-        the writer process."""
+        """The writer's own connection, kept open between writes (no checkout from the
+        pool per write); used only by the writer thread."""
         self._flushing: bool | None = None
         """The writer connection's ``synchronous`` setting (``FULL``: True, ``NORMAL``:
         False; None: not set on this connection yet)."""
@@ -92,7 +87,7 @@ class SqliteDatabase(Database):
 
     def transaction(self, fn: Transaction[T], *, flush: bool = True) -> T:
         """Run ``fn`` in one write transaction (``BEGIN IMMEDIATE``), committed when this
-        returns. Called only by the writer process (:mod:`app.store.sqlite_writer`).
+        returns. Called only by the writer thread (:mod:`app.store.sqlite_writer`).
 
         ``flush``: the commit is fsynced before this returns (``synchronous=FULL``).
         Without it (``NORMAL``) the commit is in the WAL, visible and safe from a crash
@@ -121,7 +116,7 @@ class SqliteDatabase(Database):
         """Copy what the WAL holds into the database file, as far as no reader's snapshot
         needs it (``PRAGMA wal_checkpoint(PASSIVE)``: it waits for no reader), on the
         writer's connection between two transactions; the next transaction then starts
-        the WAL over. Called only by the writer process (:mod:`app.store.sqlite_writer`)."""
+        the WAL over. Called only by the writer thread (:mod:`app.store.sqlite_writer`)."""
         connection = self._writing
         if connection is None:
             connection = self._writing = self._writer_engine.connect()
@@ -130,7 +125,7 @@ class SqliteDatabase(Database):
             "PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def close_writer(self) -> None:
-        """Close the writer's connection (in the writer process, as it ends)."""
+        """Close the writer's connection (by the writer thread, as it ends)."""
         if self._writing is not None:
             self._writing.close()
             self._writing = None
@@ -149,11 +144,8 @@ class PostgresDatabase(Database):
     """Writes on two pools: ``engine``'s, whose commits wait for their WAL flush, and one
     of ``writers`` connections whose commits do not (``synchronous_commit`` off for the
     session, :func:`app.store.engines.create_unflushed_engine`). A write of one statement
-    may run alone, without ``BEGIN`` and ``COMMIT``: the statement is its own transaction.
-
-    Round trips to the server, each a wake-up of the event loop and of a backend: a
-    response's start was four (``BEGIN``, ``SET LOCAL synchronous_commit TO OFF``, its
-    one statement, ``COMMIT``) and its end three; alone, each is one."""
+    may run alone, without ``BEGIN`` and ``COMMIT``: the statement is its own transaction,
+    one round trip to the server instead of three."""
 
     def __init__(self, engine: AsyncEngine, *, writers: int) -> None:
         self._engine = engine

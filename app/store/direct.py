@@ -8,15 +8,11 @@ adaptation of asyncpg, inside the greenlet of ``run_sync``), in the transaction
 SQLAlchemy began and commits as before.
 
 Why: a stored response's record is three to five statements, and SQLAlchemy's execution
-path (an execution context, events, parameter processing, a result object) around each
-cost about four times what SQLite itself spent. On a 2-core machine, one response
-recorded whole (its row, two items, its events; SQLite on tmpfs so the disk is out of
-it): 172 µs of the writer thread's CPU through SQLAlchemy against 36 µs for the same
-statements on the driver. That thread shared the GIL and the two cores with the event
-loop, so every microsecond of it was taken from requests (the writer is a process of
-its own now, :mod:`app.store.sqlite_writer`; its CPU still counts). On PostgreSQL the statements
-run on the event loop itself (in ``run_sync``'s greenlet), where SQLAlchemy's part is
-taken from requests directly.
+path around each (an execution context, events, parameter processing, a result object)
+costs several times what SQLite itself spends on it. On SQLite that CPU is spent by the
+writer thread (:mod:`app.store.sqlite_writer`), which shares the GIL with the event
+loop; on PostgreSQL the statements run on the event loop itself (in ``run_sync``'s
+greenlet). Either way it is taken from requests.
 
 The contract kept: the SQL is SQLAlchemy's own compilation of the statement, the
 values go through each column type's own bind processor (JSON columns keep their text
@@ -33,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.sql.expression import Executable
 
 Params = Mapping[str, Any]
@@ -106,7 +102,7 @@ class Direct:
         return compiled
 
 
-def _as_sqlalchemy(sql: str, error: Exception, dialect: Dialect) -> DBAPIError:
+def _as_sqlalchemy(sql: str, error: Exception, dialect: Dialect) -> StatementError:
     """The driver's error as SQLAlchemy raises it for its own statements: an
     :class:`IntegrityError` for a constraint, an ``OperationalError`` or
     ``InterfaceError`` for a connection that failed, and so on."""

@@ -10,10 +10,9 @@ SQLite (one server process, a file):
   :mod:`app.store.group_commit`);
 * ``foreign_keys=ON``, ``busy_timeout`` so that writers queue instead of failing;
 * ``wal_autocheckpoint=0``: a commit never copies the WAL into the database file itself
-  (SQLite's default does so in the commit that passes 1,000 pages, about every 75th
-  stored response, which made a stored answer's p99 2.6 times its median instead of
-  2.1); the writer does it between transactions, once its callers are answered
-  (:mod:`app.store.group_commit`);
+  (SQLite's default does so inside whichever commit passes 1,000 pages, holding its
+  callers and every write queued behind them); the writer does it between transactions,
+  once its callers are answered (:mod:`app.store.sqlite_writer`);
 * the driver's own transaction handling is turned off and SQLAlchemy emits ``BEGIN``:
   reads run in a deferred transaction (one snapshot for all their statements), writes
   in ``BEGIN IMMEDIATE`` (the write lock is taken up front, so a transaction that reads
@@ -51,8 +50,8 @@ SQLITE_PRAGMAS = (
 POSTGRES_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 """asyncpg prepares every statement, and PostgreSQL would soon switch such a statement to
 a generic plan chosen while the tables were small: the chain's recursive CTE then scans
-the whole table at each step (turn 200 took 25 ms instead of 7). A custom plan for each
-execution costs a fraction of a millisecond and always walks the indexes."""
+the whole table at each step. A custom plan for each execution always walks the
+indexes."""
 WRITE_OPTION = "ors_write"
 """Execution option marking a connection whose transactions write."""
 
@@ -145,8 +144,8 @@ def ping_when_idle(engine: AsyncEngine, bypass_seconds: float = ALIVE_BYPASS_SEC
     than ``bypass_seconds``; a new connection, or one returned since, is used as it is.
 
     SQLAlchemy's ``pool_pre_ping`` checks every checkout, and on asyncpg its check is
-    three round trips (``BEGIN``, an empty query, ``ROLLBACK``): a stored stream, two
-    checkouts, spent six of its seventeen round trips on it. A connection that failed
+    three round trips (``BEGIN``, an empty query, ``ROLLBACK``), on every read and write
+    of the store. A connection that failed
     the check is dropped and another taken (the pool's ``DisconnectionError``
     contract), as with ``pool_pre_ping``. What is given up: a connection that broke
     within the window (the server restarted just after it was returned) fails its
@@ -197,7 +196,7 @@ def begin_sqlite(connection: Connection) -> None:
     statement = "BEGIN IMMEDIATE" if connection.get_execution_options().get(WRITE_OPTION, False) else "BEGIN"
     driver = connection.connection.driver_connection
     if isinstance(driver, sqlite3.Connection):
-        # the store's own connections (reader threads, the writer process): on the
+        # the store's own connections (reader threads, the writer thread): on the
         # driver itself, as app.store.direct does
         driver.execute(statement)
     else:

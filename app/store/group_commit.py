@@ -1,54 +1,41 @@
 """Group commit: concurrent writes share one transaction, so they share its commit.
 
 A write is a function of an open connection (``work(connection) -> result``, see
-:mod:`app.store.database`). Callers
-hand it to :meth:`GroupCommit.run` and wait for *their* result, which is delivered only
-after the transaction that ran it has committed: a write acknowledged to a caller is
-durable (``synchronous=FULL`` on SQLite, a committed transaction on PostgreSQL).
+:mod:`app.store.database`). Callers hand it to ``run`` and wait for *their* result,
+which is delivered only after the transaction that ran it has committed: a write
+acknowledged to a caller is durable (``synchronous=FULL`` on SQLite, a committed
+transaction on PostgreSQL).
 
-Contract:
+Contract (:class:`Writes`), kept by both writers:
 
-* ``writers`` tasks each take every write waiting (up to ``max_batch``) and run them, in
-  arrival order, in one transaction. Under load a batch grows by itself: writes that
-  arrive while a commit is in flight form the next batch. Alone, a write waits for
-  nothing (its batch is itself); on PostgreSQL a write of one statement (``single``)
-  then runs without ``BEGIN`` and ``COMMIT``, as its own transaction: one round trip.
-* A write that raises fails its caller and no one else: the batch's transaction is
+* a writer takes every write waiting (up to ``max_batch``) and runs them, in arrival
+  order, in one transaction. Under load a batch grows by itself: writes that arrive
+  while a commit is in flight form the next batch. Alone, a write waits for nothing
+  (its batch is itself);
+* a write that raises fails its caller and no one else: the batch's transaction is
   rolled back and each of its writes runs again in a transaction of its own, where the
-  failing one fails alone. This path is rare (a conflict, a chain deleted in between).
-* Waiting costs no connection: queued writes hold nothing from the pool, so a thousand
-  responses beginning at once never time out on the pool; the writers use ``writers``
-  connections at most.
-* A caller that is cancelled does not cancel its write: it commits (or fails) anyway,
-  as a write whose caller went away still records what happened.
-* :meth:`close` lets every queued write finish, then stops the writers.
-* A write made with ``flush=False`` is acknowledged once committed: visible to every
+  failing one fails alone. This path is rare (a conflict, a chain deleted in between);
+* waiting costs no connection: queued writes hold nothing from the pool, so a thousand
+  responses beginning at once never time out on the pool;
+* a caller that is cancelled does not cancel its write: it commits (or fails) anyway,
+  as a write whose caller went away still records what happened;
+* ``close`` lets every queued write finish, then stops; a write asked for afterwards
+  raises ``RuntimeError``;
+* a write made with ``flush=False`` is acknowledged once committed: visible to every
   reader and safe from a crash of this process, but not yet forced to disk; a batch is
   flushed if any of its writes is. Both databases write their log in order, so the next
   flushed commit makes it durable too. This is for a response's *start* (its row before
-  ``response.created``): an fsync there cost 0.13-0.2 ms at the median (up to 0.7 ms at
-  p90) on a 2-core VM's disk, against about 0.01 ms without, on the path of every
-  stored stream's first event. The end of a response, a cancel and a delete are always
-  flushed: a response is durable before its terminal event is sent. What an OS crash
-  or power loss between the two can lose is a start whose end was not yet written: the
-  response is then unknown instead of recovered as ``failed``.
+  ``response.created``), which is on the path of every stored stream's first event. The
+  end of a response, a cancel and a delete are always flushed: a response is durable
+  before its terminal event is sent. What an OS crash or power loss between the two can
+  lose is a start whose end was not yet written: the response is then unknown instead
+  of recovered as ``failed``.
 
-Two writers keep that contract. :class:`GroupCommit` runs ``writers`` asyncio tasks over
-a database whose driver is asynchronous (PostgreSQL: several writers, each on its own
-connection). SQLite, which has one writer and a synchronous driver, writes in a process
-of its own (:class:`app.store.sqlite_writer.WriterProcess`): it takes the writes waiting
-and commits them, and answers their callers with one message per batch.
-
-SQLite's commits never checkpoint (``wal_autocheckpoint=0``, :mod:`app.store.engines`).
-SQLite's own checkpoint ran inside the commit that passed 1,000 pages of WAL (about every
-75th stored response) and held that commit's callers and every one queued behind it: a
-stored JSON answer's p99 at concurrency 1 was 2.6 times its median. The writer
-checkpoints instead once its callers are answered, after :data:`CHECKPOINT_EVERY`
-transactions, when no write is waiting (or, under load that never pauses, after four
-times as many regardless). It does so on its own connection, between transactions, so
-the checkpoint copies the whole WAL and the next transaction starts it over: a
-checkpoint on another connection, racing the writer, never caught up with it and the WAL
-grew without end.
+The two writers. :class:`GroupCommit` (PostgreSQL) runs ``writers`` asyncio tasks, each
+committing on its own connection through the asynchronous driver; a write of one
+statement (``single``) in a batch of its own runs without ``BEGIN`` and ``COMMIT``, as its
+own transaction: one round trip. SQLite, which has one writer and a synchronous driver,
+writes on a thread of its own (:class:`app.store.sqlite_writer.SqliteWriter`).
 """
 
 from __future__ import annotations
@@ -62,10 +49,6 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy.engine import Connection
 
 from app.store.database import PostgresDatabase
-
-CHECKPOINT_EVERY = 64
-"""Transactions between two checkpoints (a stored response writes about 13 pages: some
-800 pages of WAL, as SQLite's own default of 1,000)."""
 
 T = TypeVar("T")
 Work = Callable[[Connection], Any]
@@ -86,8 +69,8 @@ class Writes(Protocol):
     """Transactions committed (for tests and benchmarks: writes per commit)."""
 
     beside_loop: bool
-    """Whether writes run beside the event loop (SQLite's writer, a process of its own)
-    rather than on it (PostgreSQL's, in ``run_sync``'s greenlet)."""
+    """Whether writes run beside the event loop (SQLite's writer thread) rather than on
+    it (PostgreSQL's, in ``run_sync``'s greenlet)."""
 
     async def run(self, work: Callable[[Connection], T], *, flush: bool = True, single: bool = False) -> T:
         """Run ``work`` in a write transaction; its result once that has committed.
@@ -95,13 +78,16 @@ class Writes(Protocol):
         a crash of this process (see the module's contract). ``single``: on PostgreSQL
         ``work`` is one statement (:mod:`app.store.one_statement`), which in a batch of
         its own runs as its own transaction, without ``BEGIN`` and ``COMMIT``; SQLite's
-        writer, where a statement is no round trip, ignores it."""
+        writer, where a statement is no round trip, ignores it. Raises ``RuntimeError``
+        once :meth:`close` was called."""
 
     async def close(self) -> None:
-        """Let every queued write finish, then stop."""
+        """Let every queued write finish, then stop. Idempotent."""
 
 
 class GroupCommit:
+    """PostgreSQL's writers: ``writers`` asyncio tasks (see the module's contract)."""
+
     beside_loop = False
 
     def __init__(self, database: PostgresDatabase, *, writers: int = 1, max_batch: int = 128) -> None:

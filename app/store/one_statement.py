@@ -2,9 +2,9 @@
 
 On PostgreSQL every statement of a write is a round trip to the server, and each costs
 the event loop its part of SQLAlchemy's asyncpg adaptation and the server a backend
-wake-up. A stored stream's end was three (the row's update, its output items, its
-events) and its start two (the row, its input items), besides the transaction's own.
-Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
+wake-up. Written plainly, a stored stream's end is three statements (the row's update,
+its output items, its events) and its start two (the row, its input items), besides
+the transaction's own. Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
 ``WITH`` query whose ``RETURNING`` feeds the inserts of the items (all of them, from
 arrays: ``unnest``) and of the events, which write nothing when it wrote nothing (the
 response was deleted, cancelled or ended meanwhile). The statement answers how many rows
@@ -13,8 +13,8 @@ visible, which the same statement holds with a share lock.
 
 The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, run by
 :class:`app.store.direct.Direct` like the rest of the write path. SQLite keeps the plain
-statements of :mod:`app.store.statements`: its writes are calls into the library in the
-writer process, where a statement costs no round trip, and it has no ``RETURNING`` in
+statements of :mod:`app.store.statements`: its writes are calls into the library on the
+writer thread, where a statement costs no round trip, and it has no ``RETURNING`` in
 ``WITH``. The values go in as :mod:`app.store.schema` would store them: JSON documents
 as their text, exactly.
 """

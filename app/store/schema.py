@@ -28,6 +28,7 @@ the unfinished responses of an owner, for recovery).
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from sqlalchemy import (
@@ -146,3 +147,12 @@ events = Table(
 
 NON_TERMINAL = frozenset({"queued", "in_progress"})
 TERMINAL = frozenset({"completed", "failed", "incomplete", "cancelled"})
+"""A response's ``status`` column holds the protocol's statuses
+(:data:`app.protocol.responses.ResponseStatus`), as plain text. The store spells them as
+the protocol's literals; it takes the protocol's enum once there is one, and defines no
+second one."""
+
+
+def now_ms() -> int:
+    """Now, in the store's times (Unix epoch milliseconds)."""
+    return time.time_ns() // 1_000_000

@@ -9,16 +9,12 @@ client disconnected at the wrong moment. Reads of several statements see one sna
 Concurrency. On PostgreSQL, ``begin`` takes a share lock on the response it continues
 and ``delete`` takes an update lock on the root of the chain before it decides which
 items are still needed; so a continuation can never commit on top of items a
-concurrent delete removes, and deletes in one chain are serialized. On SQLite writers
-are serialized by the database.
+concurrent delete removes, and deletes in one chain are serialized. On SQLite every
+write runs on the store's one writer thread (:mod:`app.store.sqlite_writer`).
 
-Deletion. A deleted response stays as a hidden row (tombstone) without its content:
-its JSON, instructions and events are removed at once (nothing can read them any more),
-its offered tools with its items. Its items are removed as soon as no visible
-response descending from it needs them: deleting a response walks up through its
-deleted ancestors and removes the items of every one that has no visible descendant
-left. So deleting the last turn of a conversation frees its items at once; deleting a
-middle turn keeps its items until the turns after it are deleted too.
+What runs in each transaction: the writes of a response's life in
+:mod:`app.store.statements`, deletes in :mod:`app.store.deletion` (which says what a
+delete keeps), reads in :mod:`app.store.reads`.
 
 Cancels. :meth:`SqlResponseStore.cancel` marks the row ``cancelled`` and, on PostgreSQL,
 sends ``pg_notify`` in the same transaction; see :mod:`app.store.cancels` for how the
@@ -30,11 +26,9 @@ Rows of dead owners left ``queued``/``in_progress`` become ``failed``; their
 "server_restarted", message}``. Recovery runs at :meth:`open`, and on PostgreSQL again
 every ``recover_interval`` seconds until :meth:`close`.
 
-An outage. A session's locks end with its connection, so when the database is out of
-reach this instance's lock (and its ``LISTEN``) goes with it. The first read or write
-that finds the database out of reach wakes the periodic task, which then tries every
-:data:`RECONNECT_SECONDS` until the lock is taken again: the lock is back within about
-a second of the database, not at the next period.
+An outage. The first read or write that finds the database out of reach says so to the
+periodic task, which then takes the instance lock again as soon as it can (see
+:mod:`app.store.upkeep`).
 """
 
 from __future__ import annotations
@@ -43,39 +37,33 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import StoreUnavailable
-from app.store import statements
+from app.store import deletion, reads, statements
 from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
 from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
 from app.store.codec import packer, unpack_events
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path, unreachable
 from app.store.group_commit import GroupCommit, Writes
+from app.store.late_ends import LateEnds
 from app.store.liveness import AdvisoryLockLiveness, Liveness, SingleProcessLiveness
 from app.store.migrate import upgrade
 from app.store.relay import PostgresEventRelay, RelayedEvent, Source
-from app.store.schema import NON_TERMINAL, TERMINAL, items, responses
-from app.store.sqlite_writer import WriterProcess
+from app.store.schema import NON_TERMINAL, now_ms
+from app.store.sqlite_writer import SqliteWriter
+from app.store.upkeep import keep_up
 
 log = logging.getLogger("ors.store")
 
 POSTGRES_WRITERS = 4
 """Concurrent group-commit transactions on PostgreSQL (SQLite has one writer anyway)."""
-LATE_END_RETRY_SECONDS = 1.0
-"""How often ends that could not be written (:meth:`SqlResponseStore.finish_later`) are
-tried again."""
-RECONNECT_SECONDS = 1.0
-"""How often, once a read or write found the database out of reach, the instance lock
-and the notice connection are tried again until they are back (PostgreSQL), instead of
-every ``recover_interval``: while the lock is lost, another replica's recovery may count
-this instance as dead."""
 
 T = TypeVar("T")
 
@@ -105,10 +93,9 @@ class SqlResponseStore(ResponseStore):
         self._recovery_task: asyncio.Task[None] | None = None
         self._recover_lock = asyncio.Lock()
         self._reconnect = asyncio.Event()
-        """Set when a read or write found the database out of reach (see the module)."""
+        """Set when a read or write found the database out of reach (:mod:`app.store.upkeep`)."""
         self._group: Writes | None = None
-        self._late_ends: dict[str, Callable[[Connection], bool]] = {}
-        self._late_task: asyncio.Task[None] | None = None
+        self._late_ends = LateEnds(functools.partial(self._write, single=True))
 
     @property
     def engine(self) -> AsyncEngine:
@@ -139,8 +126,8 @@ class SqlResponseStore(ResponseStore):
         engine = create_engine(self.url, pool_size=self._pool_size)
         self._engine = engine
         if self.is_sqlite:
-            self._db, self._group = SqliteDatabase(self.url), WriterProcess(self.url)
-            await self._group.start()
+            sqlite = SqliteDatabase(self.url)
+            self._db, self._group = sqlite, SqliteWriter(sqlite)
         else:
             postgres = PostgresDatabase(engine, writers=POSTGRES_WRITERS)
             self._db, self._group = postgres, GroupCommit(postgres, writers=POSTGRES_WRITERS)
@@ -159,7 +146,8 @@ class SqlResponseStore(ResponseStore):
                 self._relay = PostgresEventRelay(dsn)
             await self.recover()
             if self._liveness.periodic and self.recover_interval > 0:
-                self._recovery_task = asyncio.create_task(self._recover_periodically())
+                self._recovery_task = asyncio.create_task(keep_up(self.check, self.recover_interval, self._reconnect),
+                                                          name="store-upkeep")
         except BaseException:
             await self.close()
             raise
@@ -167,16 +155,12 @@ class SqlResponseStore(ResponseStore):
     async def close(self) -> None:
         """Stop periodic recovery, let writes in flight commit, release the locks and the
         pool. Idempotent."""
-        for task in (self._recovery_task, self._late_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._recovery_task = self._late_task = None
-        if self._late_ends:
-            log.error("The store closes with %d response end(s) it could not write: %s", len(self._late_ends),
-                      ", ".join(self._late_ends))
-            self._late_ends.clear()
+        task, self._recovery_task = self._recovery_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._late_ends.close()
         group, self._group = self._group, None
         if group is not None:
             await group.close()
@@ -197,33 +181,6 @@ class SqlResponseStore(ResponseStore):
                 await database.close()
             if engine is not None:
                 await engine.dispose()
-
-    async def _recover_periodically(self) -> None:
-        """Every ``recover_interval``, :meth:`check`. Woken early by an outage, and then
-        every :data:`RECONNECT_SECONDS` until the lock is held again."""
-        out_of_reach = False
-        while True:
-            if out_of_reach:  # paced, however many requests find it out of reach meanwhile
-                await asyncio.sleep(RECONNECT_SECONDS)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.recover_interval):
-                        await self._reconnect.wait()
-            self._reconnect.clear()
-            try:
-                await self.check()
-            except Exception as error:
-                if not unreachable(error) and not isinstance(error, StoreUnavailable):
-                    log.exception("Periodic recovery of the response store failed; retrying later.")
-                    continue
-                if not out_of_reach:
-                    log.warning("The store's instance lock is lost with the database; taking it again every "
-                                "%.0f s: %r", RECONNECT_SECONDS, error)
-                out_of_reach = True
-                continue
-            if out_of_reach:
-                log.info("The store's instance lock is taken again.")
-            out_of_reach = False
 
     async def check(self) -> None:
         """One pass of the periodic task: the lock and the notices checked (and taken
@@ -246,91 +203,42 @@ class SqlResponseStore(ResponseStore):
 
     async def begin(self, response: NewResponse) -> None:
         # visible at once, on disk with the response's end at the latest (group_commit)
-        await self._write(functools.partial(statements.write_begin, *self._begin_rows(response)), flush=False,
-                          single=True)
+        work = functools.partial(statements.write_begin, *statements.begin_rows(response, self.instance_id))
+        await self._write(work, flush=False, single=True)
 
     async def finish(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
-        status = statements.status_of(resource)
-        if status not in TERMINAL:
-            raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        output_rows = statements.rows_of_items(response_id, "output", output_items)
-        body = await self._packer(events)
-        return await self._write(functools.partial(statements.write_finish, tenant, response_id, status, resource,
-                                                   output_rows, body), single=True)
+        return await self._write(await self._finish_work(tenant, response_id, resource, output_items, events),
+                                 single=True)
 
     async def finish_later(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> None:
-        status = statements.status_of(resource)
-        if status not in TERMINAL:
-            raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        output_rows = statements.rows_of_items(response_id, "output", output_items)
-        self._late_ends[response_id] = functools.partial(statements.write_finish, tenant, response_id, status,
-                                                         resource, output_rows, await self._packer(events))
-        if self._late_task is None or self._late_task.done():
-            self._late_task = asyncio.create_task(self._write_late_ends(), name="store-late-ends")
+        self._late_ends.add(response_id, await self._finish_work(tenant, response_id, resource, output_items, events))
 
-    async def _write_late_ends(self) -> None:
-        """Every :data:`LATE_END_RETRY_SECONDS`, the ends kept by :meth:`finish_later`, in
-        order, until none is left; while the store is out of reach, all of them wait."""
-        while self._late_ends:
-            await asyncio.sleep(LATE_END_RETRY_SECONDS)
-            for response_id, work in list(self._late_ends.items()):
-                try:
-                    written = await self._write(work, single=True)
-                except StoreUnavailable:
-                    break
-                except Exception:  # a conflict (it did finish after all): nothing to retry
-                    log.exception("The late end of response %s could not be written; given up.", response_id)
-                else:
-                    log.info("The end of response %s, which could not be written then, %s.", response_id,
-                             "is written now" if written else "is not needed: it was cancelled or deleted meanwhile")
-                self._late_ends.pop(response_id, None)
+    async def _finish_work(
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
+    ) -> Callable[[Connection], bool]:
+        status = statements.terminal_status(resource)
+        output_rows = statements.rows_of_items(response_id, "output", output_items)
+        return functools.partial(statements.write_finish, tenant, response_id, status, resource, output_rows,
+                                 await self._packer(events))
 
     async def record(
         self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
     ) -> bool:
         # Nobody else can know the id yet (see the base class): no row to lock or update,
-        # the row goes in already finished, with its items (and events, if kept): two or
-        # three statements.
-        status = statements.status_of(resource)
-        if status not in TERMINAL:
-            raise ValueError(f"a finished response has a terminal status, not {status!r}")
-        now = statements.now_ms()
-        row, item_rows = self._begin_rows(response, final={"status": status, "resource": resource,
-                                                           "finished_at": now, "updated_at": now},
-                                          output_items=output_items)
+        # the row goes in already finished, with its items (and events, if kept).
+        status = statements.terminal_status(resource)
+        now = now_ms()
+        row, item_rows = statements.begin_rows(
+            response, self.instance_id, final={"status": status, "resource": resource, "finished_at": now,
+                                               "updated_at": now}, output_items=output_items)
         return await self._write(functools.partial(statements.write_record, row, item_rows, await self._packer(events)),
                                  single=True)
-
-    def _begin_rows(
-        self, response: NewResponse, *, final: JSON | None = None, output_items: Sequence[JSON] = ()
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The row and its items' rows; with ``final`` (the terminal columns) and
-        ``output_items``, a response recorded whole."""
-        if response.status not in NON_TERMINAL:
-            raise ValueError(f"a response begins queued or in_progress, not {response.status!r}")
-        row = {
-            "id": response.id,
-            "tenant": response.tenant,
-            "status": response.status,
-            "created_at": response.created_at,
-            "model": response.model,
-            "previous_response_id": response.previous_response_id,
-            "instructions": statements.plain_text(response.instructions),
-            "tools": response.tools,
-            "resource": response.resource,
-            "background": response.background,
-            "owner": self.instance_id,
-            "updated_at": statements.now_ms(),
-        } | (final or {})
-        item_rows = statements.rows_of_items(response.id, "input", response.input_items)
-        item_rows += statements.rows_of_items(response.id, "output", output_items)
-        return row, item_rows
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
         if status not in NON_TERMINAL and status != "cancelled":
@@ -363,7 +271,7 @@ class SqlResponseStore(ResponseStore):
         stored = await self.get(tenant, response_id)
         if stored is None:
             return []
-        if stored.status in ("queued", "in_progress"):
+        if stored.status in NON_TERMINAL:
             return None
         return await self.events(tenant, response_id) or []
 
@@ -374,24 +282,18 @@ class SqlResponseStore(ResponseStore):
 
     async def _missed_cancels(self, since_ms: int) -> list[tuple[str, str]]:
         """This instance's responses cancelled since ``since_ms`` (a lost listener's replay)."""
-        query = select(responses.c.tenant, responses.c.id).where(
-            responses.c.owner == self.instance_id,
-            responses.c.status == "cancelled",
-            responses.c.updated_at >= since_ms,
-        )
-        rows = await self._read(lambda connection: connection.execute(query).all())
-        return [(row.tenant, row.id) for row in rows]
+        return await self._read(functools.partial(reads.cancelled_since, self.instance_id, since_ms))
 
     async def delete(self, tenant: str, response_id: str) -> bool:
-        return await self._write(functools.partial(statements.write_delete, tenant, response_id,
+        return await self._write(functools.partial(deletion.write_delete, tenant, response_id,
                                                    lock_root=not self.is_sqlite))
 
     async def expire(self, created_before: int, limit: int) -> tuple[int, int]:
         # found by a reader (a scan that holds no write lock), deleted by one write
-        rows = await self._read(functools.partial(statements.expired, created_before, limit))
+        rows = await self._read(functools.partial(deletion.expired, created_before, limit))
         if not rows:
             return 0, 0
-        deleted = await self._write(functools.partial(statements.delete_many, rows, lock_root=not self.is_sqlite))
+        deleted = await self._write(functools.partial(deletion.delete_many, rows, lock_root=not self.is_sqlite))
         return len(rows), deleted
 
     async def recover(self) -> int:
@@ -399,12 +301,7 @@ class SqlResponseStore(ResponseStore):
             liveness = self._liveness
             if liveness is None:
                 raise RuntimeError("the store is not open")
-            query = (
-                select(responses.c.owner)
-                .where(responses.c.finished_at.is_(None), responses.c.owner != self.instance_id)
-                .distinct()
-            )
-            owners = await self._read(lambda connection: connection.scalars(query).all())
+            owners = await self._read(functools.partial(reads.unfinished_owners, self.instance_id))
             recovered = 0
             for owner in owners:
                 async with liveness.claim_if_dead(owner) as dead:
@@ -456,65 +353,25 @@ class SqlResponseStore(ResponseStore):
         await self._read(lambda connection: connection.execute(select(1)).scalar_one(), single=True)
 
     async def get(self, tenant: str, response_id: str) -> StoredResponse | None:
-        params = {"b_tenant": tenant, "b_id": response_id}
-        row = await self._read(lambda connection: connection.execute(statements.GET_RESPONSE, params).first(),
-                               single=True)
-        return None if row is None else statements.stored_response(row)
+        return await self._read(functools.partial(reads.get_response, tenant, response_id), single=True)
 
     async def chain(self, tenant: str, response_id: str) -> list[ChainLink] | None:
-        """One statement whatever the depth (:data:`app.store.statements.CHAIN`): the
-        links, up ``previous_response_id``, and all their items, in one snapshot; on
-        PostgreSQL one round trip."""
-        params = {"b_tenant": tenant, "b_id": response_id}
-        rows = await self._read(lambda connection: connection.execute(statements.CHAIN, params).all(), single=True)
-        links = sorted((row for row in rows if row.depth is not None), key=lambda row: row.depth, reverse=True)
-        if not links:
-            return None
-        own: dict[str, tuple[list[JSON], list[JSON]]] = {link.response_id: ([], []) for link in links}
-        for row in rows:  # items in position order (links have none)
-            if row.depth is None:
-                inputs, outputs = own[row.response_id]
-                (inputs if row.role == "input" else outputs).append(row.item)
-        return [
-            ChainLink(response_id=link.response_id, tools=link.tools, input_items=own[link.response_id][0],
-                      output_items=own[link.response_id][1])
-            for link in links
-        ]
+        """One statement whatever the depth (:data:`app.store.reads.CHAIN`): the links,
+        up ``previous_response_id``, and all their items, in one snapshot; on PostgreSQL
+        one round trip."""
+        return await self._read(functools.partial(reads.chain_links, tenant, response_id), single=True)
 
     async def input_items(
         self, tenant: str, response_id: str, *, limit: int, order: Order, after: str | None
     ) -> ItemPage | None:
-        """Items after the cursor in the chosen order (``desc`` walks the original order
-        backwards); an ``after`` id that is not one of the response's input items gives
-        an empty page."""
         if limit < 1:
             raise ValueError("limit must be at least 1")
         if order not in ("asc", "desc"):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
-        ascending = order == "asc"
-        own_inputs = (items.c.response_id == response_id) & (items.c.role == "input")
-        query = select(items.c.item).where(own_inputs)
-        if after is not None:
-            cursor = (
-                select(func.min(items.c.position)).where(own_inputs, items.c.item_id == after).scalar_subquery()
-            )
-            query = query.where(items.c.position > cursor if ascending else items.c.position < cursor)
-        query = query.order_by(items.c.position.asc() if ascending else items.c.position.desc()).limit(limit + 1)
-        visible = select(responses.c.id).where(statements.visible_where(tenant, response_id))
-
-        def work(connection: Connection) -> Sequence[Any] | None:
-            if connection.scalar(visible) is None:
-                return None
-            return connection.scalars(query).all()
-
-        page = await self._read(work)
-        if page is None:
-            return None
-        return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
+        return await self._read(functools.partial(reads.input_items_page, tenant, response_id, limit, order, after))
 
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
-        params = {"b_tenant": tenant, "b_id": response_id}
-        body = await self._read(lambda connection: connection.scalar(statements.EVENTS_OF, params), single=True)
+        body = await self._read(functools.partial(reads.events_body, tenant, response_id), single=True)
         return None if body is None else await unpack_events(body)
 
 

@@ -112,7 +112,7 @@ async def test_a_step_between_starts_is_recorded(store: SqlResponseStore) -> Non
 async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
     store: SqlResponseStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr("app.store.sql.LATE_END_RETRY_SECONDS", 0.05)
+    monkeypatch.setattr("app.store.late_ends.RETRY_SECONDS", 0.05)
     builder = _builder("resp_d")
     recording = _recording(store, "resp_d")
     await recording.begin(builder.response, _json(builder))

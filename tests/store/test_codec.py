@@ -60,9 +60,9 @@ async def test_large_payloads_take_the_same_format_off_the_event_loop() -> None:
 
 
 async def test_a_write_beside_the_loop_packs_small_payloads_itself() -> None:
-    """SQLite's writer thread packs a stored answer's events when it writes them (zlib
-    releases the GIL there); a write on the loop, or a large payload, gets them packed
-    before. Each way the body is the same."""
+    """SQLite's writer thread packs a stored answer's events when it writes them; a write
+    on the loop, or a large payload, gets them packed before. Each way the body is the
+    same."""
     small, large = _events(40), _events(2000)
     lazily = await packer(small, beside_loop=True)
     assert lazily() == pack_events_now(small) and lazily() is not lazily()  # packed when called

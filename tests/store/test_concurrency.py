@@ -97,9 +97,8 @@ async def test_delete_between_a_continuations_check_and_its_commit(
     own transaction (it has committed when it pauses); in a batch with another write, the
     batch's transaction is still open, holding the parent, while it pauses.
 
-    PostgreSQL only: SQLite's writer process runs writes one at a time, each whole, so a
-    delete cannot come between a continuation's check and its commit there (and the
-    pause, set where the statements run, cannot be set in that process)."""
+    PostgreSQL only: SQLite's writer thread runs writes one at a time, each whole, so a
+    delete cannot come between a continuation's check and its commit there."""
     if store.is_sqlite:
         pytest.skip("SQLite's one writer runs each write whole; nothing can come in between")
     parent = new_response(tenant, inputs=[user_message("parent question")])

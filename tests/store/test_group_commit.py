@@ -16,9 +16,8 @@ from sqlalchemy.engine import Connection
 from app.errors import PreviousResponseNotFound
 from app.store.base import StoreConflict
 from app.store.engines import SQLITE_PRAGMAS, sqlite_url
-from app.store.group_commit import CHECKPOINT_EVERY
 from app.store.sql import SqlResponseStore
-from app.store.sqlite_writer import WriterProcess
+from app.store.sqlite_writer import CHECKPOINT_EVERY, SqliteWriter
 from tests.store.conftest import NewStore
 from tests.store.helpers import assistant_message, events_of, final, new_response
 
@@ -81,6 +80,17 @@ async def test_a_cancelled_caller_does_not_cancel_its_write(new_store: NewStore,
     await first.close()  # lets queued writes finish
     second = await new_store()
     assert (await second.get(tenant, one.id)) is not None
+
+
+async def test_a_write_after_close_fails_at_once(new_store: NewStore, tenant: str) -> None:
+    store = await new_store()
+    group = store._group
+    assert group is not None
+    await store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await group.run(_synchronous)
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.begin(new_response(tenant))
 
 
 async def test_record_writes_a_whole_response_in_one_commit(store: SqlResponseStore, tenant: str) -> None:
@@ -200,7 +210,7 @@ async def test_sqlite_commits_never_checkpoint_and_the_writer_keeps_the_wal_shor
     await store.open()
     try:
         group = store._group
-        assert isinstance(group, WriterProcess)
+        assert isinstance(group, SqliteWriter)
         for _ in range(6 * CHECKPOINT_EVERY):  # one commit each, about 49 KB of WAL
             one = new_response(tenant)
             output = [assistant_message("done " * 50)]

@@ -1,33 +1,31 @@
-"""SQLite's writer process: its lifetime follows the server's, a writer that dies is
-replaced, and what cannot cross between the two processes fails alone, clearly."""
+"""SQLite's writer thread: one thread runs every write, concurrent writes share a commit,
+a failing write fails alone, reads go on while a write runs, closing lets every write
+handed over commit, and a write after close, or after the thread ended, fails at once."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import os
-import pickle
 import secrets
-import signal
-import sys
-import time
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import anyio
 import pytest
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from app.errors import ServerError
 from app.store.engines import sqlite_url
-from app.store.schema import Serialized
+from app.store.schema import responses
 from app.store.sql import SqlResponseStore
-from app.store.sqlite_writer import WriterProcess, WriterStopped, from_wire, wire_form
+from app.store.sqlite_writer import SqliteWriter, WriterStopped
 from tests.store.helpers import new_response
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[2]
+WAIT_SECONDS = 30.0
+"""How long a held write waits for the test to release it, at most (a deadline for a
+test that failed, never reached otherwise)."""
 
 
 @pytest.fixture()
@@ -40,113 +38,121 @@ async def sqlite_store(tmp_path: Path) -> AsyncIterator[SqlResponseStore]:
         await store.close()
 
 
-def _writer(store: SqlResponseStore) -> WriterProcess:
-    assert isinstance(store._group, WriterProcess)
+def _writer(store: SqlResponseStore) -> SqliteWriter:
+    assert isinstance(store._group, SqliteWriter)
     return store._group
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie has ended too: its parent has not taken its exit status yet
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rpartition(")")[2].split()[0] != "Z"
+class _Hold:
+    """A write that keeps the writer thread busy until released, so that the writes made
+    meanwhile wait in its queue and form the next batch."""
+
+    def __init__(self) -> None:
+        self.taken = threading.Event()
+        self.released = threading.Event()
+
+    def __call__(self, connection: Connection) -> str:
+        self.taken.set()
+        if not self.released.wait(WAIT_SECONDS):
+            raise AssertionError("never released")
+        return "held"
+
+    async def until_taken(self) -> None:
+        assert await asyncio.to_thread(self.taken.wait, WAIT_SECONDS), "the writer never took the held write"
 
 
-async def _until_gone(pid: int) -> None:
-    started = time.monotonic()
-    while _alive(pid):
-        assert time.monotonic() - started < 30, f"the writer {pid} is still running"
-        await anyio.sleep(0.05)
+def _stored_ids(connection: Connection) -> set[str]:
+    return set(connection.scalars(select(responses.c.id)))
 
 
-def _sleep(seconds: float, connection: Connection) -> str:
-    time.sleep(seconds)
-    return "slept"
-
-
-def _sleeping(seconds: float) -> functools.partial[str]:
-    return functools.partial(_sleep, seconds)
-
-
-def _unpicklable(connection: Connection) -> object:
-    return lambda: None
-
-
-def _pid(connection: Connection) -> int:
-    return os.getpid()
-
-
-async def test_writes_run_in_a_process_of_their_own(sqlite_store: SqlResponseStore) -> None:
+async def test_every_write_runs_on_one_thread_beside_the_loop(sqlite_store: SqlResponseStore) -> None:
     writer = _writer(sqlite_store)
-    assert writer.pid is not None
-    assert await writer.run(_pid) == writer.pid != os.getpid()
+
+    def thread_of(connection: Connection) -> int:  # a local function: nothing is pickled
+        return threading.get_ident()
+
+    seen = set(await asyncio.gather(*(writer.run(thread_of) for _ in range(20))))
+    seen.add(await writer.run(thread_of))
+    assert len(seen) == 1 and threading.get_ident() not in seen
 
 
-async def test_interrupts_sent_to_the_process_group_do_not_stop_the_writer(
-    sqlite_store: SqlResponseStore, tenant: str
-) -> None:
+async def test_concurrent_writes_share_one_commit(sqlite_store: SqlResponseStore, tenant: str) -> None:
     writer = _writer(sqlite_store)
-    assert writer.pid is not None
-    for number in (signal.SIGINT, signal.SIGTERM):
-        os.kill(writer.pid, number)
-    await anyio.sleep(0.2)
-    one = new_response(tenant)
-    await sqlite_store.begin(one)
-    assert await sqlite_store.get(tenant, one.id) is not None
-    assert await writer.run(_pid) == writer.pid
-
-
-async def test_a_writer_that_dies_fails_what_waited_and_the_next_write_starts_another(
-    sqlite_store: SqlResponseStore, tenant: str
-) -> None:
-    writer = _writer(sqlite_store)
-    before = new_response(tenant)
-    await sqlite_store.begin(before)
-    first = writer.pid
-    assert first is not None
-    waiting = asyncio.ensure_future(writer.run(_sleeping(2.0)))
-    await anyio.sleep(0.3)  # taken by the writer
-    os.kill(first, signal.SIGKILL)
-    with pytest.raises(WriterStopped) as stopped:
-        await waiting
-    assert isinstance(stopped.value, ServerError)
-    after = new_response(tenant)
-    await sqlite_store.begin(after)
-    assert writer.pid not in (None, first)
-    assert not _alive(first)
-    for one in (before, after):
+    hold = _Hold()
+    held = asyncio.ensure_future(writer.run(hold))
+    await hold.until_taken()
+    before = writer.batches
+    begun = [new_response(tenant) for _ in range(20)]
+    writes = asyncio.gather(*(sqlite_store.begin(one) for one in begun))
+    await asyncio.sleep(0)  # every one handed over while the writer is held
+    hold.released.set()
+    assert await held == "held"
+    assert await writes == [None] * 20
+    assert writer.batches - before == 2  # the held write's transaction, then the twenty in one
+    for one in begun:
         assert await sqlite_store.get(tenant, one.id) is not None
 
 
-async def test_what_cannot_cross_fails_alone(sqlite_store: SqlResponseStore, tenant: str) -> None:
+async def test_a_failing_write_among_several_fails_alone(sqlite_store: SqlResponseStore, tenant: str) -> None:
     writer = _writer(sqlite_store)
-    with pytest.raises((pickle.PicklingError, AttributeError)):
-        await writer.run(lambda connection: None)  # not sent at all: a local function
-    held = asyncio.ensure_future(writer.run(_sleeping(0.3)))
-    await anyio.sleep(0.1)
+    before, failing, after = new_response(tenant), new_response(tenant), new_response(tenant)
+    await sqlite_store.begin(failing)  # taken: beginning it again conflicts
+
+    def half_then_raise(connection: Connection) -> None:
+        connection.exec_driver_sql("UPDATE responses SET model = 'changed' WHERE id = ?", (failing.id,))
+        raise ValueError("this write fails")
+
+    hold = _Hold()
+    held = asyncio.ensure_future(writer.run(hold))
+    await hold.until_taken()
+    outcomes = asyncio.gather(sqlite_store.begin(before), writer.run(half_then_raise), sqlite_store.begin(failing),
+                              sqlite_store.begin(after), return_exceptions=True)
+    await asyncio.sleep(0)
+    hold.released.set()
+    await held
+    first, raised, conflict, last = await outcomes
+    assert first is None and last is None
+    assert isinstance(raised, ValueError) and str(raised) == "this write fails"
+    assert isinstance(conflict, ServerError)  # StoreConflict
+    stored = await sqlite_store.get(tenant, failing.id)
+    assert stored is not None and stored.model == failing.model  # the failing write's change rolled back
+    assert {before.id, after.id} <= await writer.run(_stored_ids)
+
+
+async def test_reads_go_on_while_a_write_runs(sqlite_store: SqlResponseStore, tenant: str) -> None:
     one = new_response(tenant)
-    outcomes = await asyncio.gather(writer.run(_unpicklable), sqlite_store.begin(one), return_exceptions=True)
-    assert await held == "slept"
-    assert isinstance(outcomes[0], ServerError) and "cannot send back" in outcomes[0].message
-    assert outcomes[1] is None
-    assert await sqlite_store.get(tenant, one.id) is not None
+    await sqlite_store.begin(one)
+    writer = _writer(sqlite_store)
+    hold = _Hold()
+    held = asyncio.ensure_future(writer.run(hold))
+    await hold.until_taken()
+    try:
+        stored = await sqlite_store.get(tenant, one.id)  # the loop and the readers are free
+        assert stored is not None and stored.status == "in_progress"
+        assert not held.done()
+    finally:
+        hold.released.set()
+    assert await held == "held"
 
 
-async def test_closing_lets_every_write_sent_commit_then_stops_the_writer(tmp_path: Path, tenant: str) -> None:
+async def test_close_lets_every_write_handed_over_commit(tmp_path: Path, tenant: str) -> None:
     url = sqlite_url(tmp_path / "ors.db")
     store = SqlResponseStore(url, secrets.token_hex(8))
     await store.open()
-    pid = _writer(store).pid
-    assert pid is not None
+    writer = _writer(store)
+    hold = _Hold()
+    held = asyncio.ensure_future(writer.run(hold))
+    await hold.until_taken()
     begun = [new_response(tenant) for _ in range(50)]
     writes = [asyncio.ensure_future(store.begin(one)) for one in begun]
-    await anyio.sleep(0)  # every one sent
-    await store.close()
+    await asyncio.sleep(0)  # every one handed over
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0)
+    hold.released.set()
+    await closing
+    assert await held == "held"
     assert [write.result() for write in writes] == [None] * 50
-    assert not _alive(pid)
+    assert not writer._thread.is_alive()
     again = SqlResponseStore(url, secrets.token_hex(8))
     await again.open()
     try:
@@ -156,64 +162,39 @@ async def test_closing_lets_every_write_sent_commit_then_stops_the_writer(tmp_pa
         await again.close()
 
 
-async def test_the_writer_ends_when_the_server_is_killed(tmp_path: Path, tenant: str) -> None:
-    """``kill -9`` of the server: its writer sees the socket close and ends."""
-    child = await anyio.run_process(
-        [sys.executable, "-m", "tests.store.crash_child", sqlite_url(tmp_path / "ors.db"), "doomed", tenant,
-         "resp_" + secrets.token_hex(8), "resp_" + secrets.token_hex(8)],
-        cwd=ROOT, check=False,
-    )
-    assert child.returncode == -9, child.stderr.decode()
-    word, pid = child.stdout.decode().split()
-    assert word == "running"
-    await _until_gone(int(pid))
+async def test_a_write_after_close_fails_at_once(tmp_path: Path, tenant: str) -> None:
+    store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), secrets.token_hex(8))
+    await store.open()
+    writer = _writer(store)
+    await store.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await writer.run(_stored_ids)
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.begin(new_response(tenant))
+    await writer.close()  # again: nothing to do
 
 
+async def test_a_writer_thread_that_ends_fails_what_waited_and_every_later_write(
+    sqlite_store: SqlResponseStore, tenant: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not a path the store's own writes can take (they raise ``Exception``s, which fail
+    alone): a write that ends the thread itself stands for a bug."""
+    writer = _writer(sqlite_store)
 
+    def end_the_thread(connection: Connection) -> None:
+        raise SystemExit
 
-def _record(tenant: str, resource: Serialized, rows: list[dict[str, object]], body: object,
-            connection: Connection, *, flush: bool = True) -> None:
-    raise AssertionError("only sent, never run")
-
-
-def _shadowed_then_replaced(connection: Connection) -> None:
-    raise AssertionError("never sent")
-
-
-_first_of_the_name = _shadowed_then_replaced
-
-
-def _shadowed_then_replaced(connection: Connection) -> None:  # type: ignore[no-redef]  # noqa: F811
-    raise AssertionError("never sent either")
-
-
-def _pack(events: list[str]) -> bytes:
-    return "\n".join(events).encode()
-
-
-def test_a_write_crosses_as_its_function_name_and_plain_arguments() -> None:
-    resource = Serialized('{"id":"resp_1","status":"completed"}', "completed")
-    rows = [{"response_id": "resp_1", "position": 0, "item": {"type": "message", "content": []}}]
-    work = functools.partial(_record, "tenant", resource, rows, functools.partial(_pack, ["{}", "{}"]), flush=False)
-    sent = pickle.dumps(wire_form(work), pickle.HIGHEST_PROTOCOL)
-    # no reducer ran: neither the partials nor the Serialized document were pickled as objects
-    assert b"functools" not in sent and b"Serialized" not in sent and b"_pack" in sent
-    back = from_wire(pickle.loads(sent))
-    assert isinstance(back, functools.partial) and back.func is _record and back.keywords == {"flush": False}
-    tenant, document, items, packer = back.args
-    assert tenant == "tenant" and items == rows
-    assert type(document) is Serialized and document == resource and document.status == "completed"
-    assert isinstance(packer, functools.partial) and packer.func is _pack and packer() == b"{}\n{}"
-
-
-def test_what_is_not_a_partial_of_a_module_function_crosses_as_pickle_sends_it() -> None:
-    assert wire_form(_pid) is _pid
-    local = functools.partial(lambda connection: None)
-    assert wire_form(local) is local  # pickle says it cannot be sent, as before
-    bound = functools.partial(Serialized, "{}")
-    assert wire_form(bound) is bound
-    shadowed = functools.partial(_first_of_the_name)  # its name finds another function now
-    assert wire_form(shadowed) is shadowed
-    packer_of_a_local = functools.partial(_sleep, functools.partial(lambda: 1))
-    form = wire_form(packer_of_a_local)
-    assert form[1][0] is packer_of_a_local.args[0]  # an argument that cannot cross as a name stays as it is
+    hold = _Hold()
+    held = asyncio.ensure_future(writer.run(hold))
+    await hold.until_taken()
+    ending = asyncio.ensure_future(writer.run(end_the_thread))
+    behind = asyncio.ensure_future(sqlite_store.begin(new_response(tenant)))  # in the same batch
+    await asyncio.sleep(0)
+    hold.released.set()
+    await held
+    for waited in (ending, behind):
+        with pytest.raises(WriterStopped):
+            await waited
+    with pytest.raises(WriterStopped):
+        await sqlite_store.begin(new_response(tenant))
+    assert "stopped unexpectedly" in caplog.text

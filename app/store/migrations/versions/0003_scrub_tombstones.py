@@ -3,7 +3,7 @@
 A deleted response's row stays, as a hidden tombstone (``previous_response_id`` always
 points at a row), but earlier versions left in it the whole response as it was:
 ``resource`` (its output text, metadata, everything the client was sent) and
-``instructions``. Deleting now clears both (``app.store.statements.tombstone``); this
+``instructions``. Deleting now clears both (``app.store.deletion.tombstone``); this
 migration clears them in the tombstones earlier versions left, with the same JSON text
 the server writes, ``{"id":"<id>","object":"response","deleted":true}``. The items and
 tools a visible response's chain still needs were kept, and stay.

@@ -4,11 +4,12 @@
 # Checks, from quickest to whole:
 #   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
 #   make test-fast  lint, then the tests that need no PostgreSQL, no Redis and no embedded
-#                   model (no llama-server build, no model files): a couple of minutes.
+#                   model (no llama-server build, no model files) and are not slow.
 #   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
 #                   ORS_TEST_REDIS_URL name others), and builds llama-server once.
-# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py):
+# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py)
+# and `slow` when they take long anyway:
 # `.venv/bin/python -m pytest -m "not model"` runs any other selection.
 
 PYTHON ?= python3
@@ -33,8 +34,8 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 # What mypy checks; each package listed here is kept clean.
 MYPY_PATHS := app/protocol
-# The tests of `make test-fast`: those that need none of the services or models.
-FAST_TESTS := not postgres and not redis and not model
+# The tests of `make test-fast`: those that need none of the services or models, and are quick.
+FAST_TESTS := not postgres and not redis and not model and not slow
 
 .PHONY: install serve test test-fast bench lint clean
 

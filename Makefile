@@ -34,8 +34,10 @@ export OMP_WAIT_POLICY ?= PASSIVE
 
 # What mypy checks; each package listed here is kept clean.
 MYPY_PATHS := app/protocol
-# The tests of `make test-fast`: those that need none of the services or models, and are quick.
+# The tests of `make test-fast`: those that need none of the services or models, and are quick;
+# run by FAST_WORKERS processes (pytest-xdist), each test module in one of them.
 FAST_TESTS := not postgres and not redis and not model and not slow
+FAST_WORKERS ?= 2
 
 .PHONY: install serve test test-fast bench lint clean
 
@@ -59,7 +61,7 @@ test: lint $(LLAMA_SERVER)
 	$(BIN)/python -m pytest
 
 test-fast: lint
-	$(BIN)/python -m pytest -m "$(FAST_TESTS)"
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" -n $(FAST_WORKERS) --dist loadscope
 
 # `make bench BENCH="proxy --quick"` runs one benchmark with its options.
 bench: $(STAMP) $(LLAMA_SERVER)

@@ -222,7 +222,7 @@ def test_the_instance_lock_is_taken_again_soon_after_the_store_is_back(
         relay.restore()
     # a bound, not a measurement: the recovery period is 30 s
     assert _lock_within(5, postgres_url, relay) == 1
-    deadline = time.monotonic() + 5  # info lines are written in bulk, within half a second
+    deadline = time.monotonic() + 30  # a bound, not a measurement: info lines are written soon
     while "The store's instance lock is taken again." not in server.log() and time.monotonic() < deadline:
         time.sleep(0.1)
     log = server.log()
@@ -246,7 +246,7 @@ def test_a_server_started_before_its_database_waits_for_it(
             stored = httpx.post(f"{server.url}/v1/responses", json={"model": _answer(upstream), "input": "Hi"},
                                 timeout=60)
             assert check_response(stored.json())["status"] == "completed"
-            deadline = time.monotonic() + 5  # info lines are written in bulk, within half a second
+            deadline = time.monotonic() + 30  # a bound, not a measurement: info lines are written soon
             while "The database is reachable" not in server.log() and time.monotonic() < deadline:
                 time.sleep(0.1)
             log = server.log()

@@ -4,13 +4,14 @@
 # Checks, from quickest to whole:
 #   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
 #   make test-fast  lint, then the tests that need no PostgreSQL, no Redis and no embedded
-#                   model (no llama-server build, no model files) and are not slow.
+#                   model (no llama-server build, no model files) and are not slow: about
+#                   two minutes on two cores.
 #   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
 #                   ORS_TEST_REDIS_URL name others), and builds llama-server once.
-# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py)
-# and `slow` when they take long anyway:
-# `.venv/bin/python -m pytest -m "not model"` runs any other selection.
+# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py),
+# and `slow` where they take minutes anyway; any other selection runs with, for example,
+# `.venv/bin/python -m pytest -m "not model"`.
 
 PYTHON ?= python3
 VENV   := .venv

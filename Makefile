@@ -74,4 +74,4 @@ lint: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

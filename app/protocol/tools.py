@@ -89,9 +89,9 @@ class UnsupportedToolParam(ParamModel):
 
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if not isinstance(kind, str) or kind == "function":
-        return "function"
-    return kind if kind in ("namespace", "custom") else "unsupported"
+    if kind in ("namespace", "custom"):
+        return kind
+    return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
 
 
 ToolParam = Annotated[

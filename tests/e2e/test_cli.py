@@ -71,8 +71,6 @@ def test_help_lists_the_commands() -> None:
 
 @pytest.mark.model
 def test_sigterm_during_a_stream_still_ends_it_properly(tmp_path: Path) -> None:
-    import threading
-
     from compliance import check_sse_body
 
     server = ServerProcess({"ORS_DEFAULT_MODEL": SMOL}, tmp_path).start()
@@ -80,8 +78,9 @@ def test_sigterm_during_a_stream_still_ends_it_properly(tmp_path: Path) -> None:
     body = {"input": "Write a very long story about the sea.", "max_output_tokens": 2000, "stream": True}
     raw = bytearray()
     with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as reply:
-        threading.Timer(0.5, server.process.send_signal, (signal.SIGTERM,)).start()
         for chunk in reply.iter_raw():
+            if b"event: response.output_text.delta" not in raw and b"event: response.output_text.delta" in raw + chunk:
+                server.process.send_signal(signal.SIGTERM)  # once the stream is under way
             raw += chunk
     final = check_sse_body(bytes(raw))
     assert final["status"] == "failed" and final["error"]["code"] == "server_shutting_down"

@@ -284,12 +284,18 @@ def test_shutdown_ends_the_running_turn_with_response_failed(tmp_path: Path) -> 
     server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted_backend()])).start()
     sock = Socket(server.url.replace("http://", "ws://") + "/v1/responses")
     sock.send(model="scripted-slow", input="x")
-    stopper = threading.Timer(0.5, server.stop)
-    stopper.start()
+    events: list[dict[str, Any]] = []
+    stopper = threading.Thread(target=server.stop)  # once the turn is under way
     try:
-        events, final = sock.turn(timeout=20)
+        while not events or events[-1]["type"] not in TERMINAL:
+            events.append(json.loads(sock.ws.recv(timeout=60)))
+            if events[-1]["type"] == "response.output_text.delta" and stopper.ident is None:
+                stopper.start()
     finally:
+        if stopper.ident is None:
+            stopper.start()
         stopper.join()
+    final = check_stream(events, expect_done=False, transport="websocket")
     assert events[-1]["type"] == "response.failed"
     assert final["error"]["code"] == "server_shutting_down"
     with pytest.raises(ConnectionClosed):

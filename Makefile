@@ -1,5 +1,17 @@
 # Open Responses Server. `make serve` runs it; `make test` runs the whole test suite.
 # Both create and update .venv as needed and are quick once it is up to date.
+#
+# Checks, from quickest to whole:
+#   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
+#   make test-fast  lint, then the tests that need no PostgreSQL, no Redis and no embedded
+#                   model (no llama-server build, no model files) and are not slow: about
+#                   two minutes on two cores.
+#   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
+#                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
+#                   ORS_TEST_REDIS_URL name others), and builds llama-server once.
+# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py),
+# and `slow` where they take minutes anyway; any other selection runs with, for example,
+# `.venv/bin/python -m pytest -m "not model"`.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -21,7 +33,14 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 # cores are shared with the server itself or with other processes.
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: install serve test bench lint clean
+# What mypy checks; each package listed here is kept clean.
+MYPY_PATHS := app/protocol
+# The tests of `make test-fast`: those that need none of the services or models, and are quick;
+# run by FAST_WORKERS processes (pytest-xdist), each test module in one of them.
+FAST_TESTS := not postgres and not redis and not model and not slow
+FAST_WORKERS ?= 2
+
+.PHONY: install serve test test-fast bench lint clean
 
 install: $(STAMP) $(LLAMA_SERVER)
 
@@ -39,8 +58,11 @@ $(LLAMA_SERVER): scripts/build-llama-server.sh $(wildcard scripts/patches/*.patc
 serve: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/ors serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP) $(LLAMA_SERVER)
+test: lint $(LLAMA_SERVER)
 	$(BIN)/python -m pytest
+
+test-fast: lint
+	$(BIN)/python -m pytest -m "$(FAST_TESTS)" -n $(FAST_WORKERS) --dist loadscope
 
 # `make bench BENCH="proxy --quick"` runs one benchmark with its options.
 bench: $(STAMP) $(LLAMA_SERVER)
@@ -48,7 +70,8 @@ bench: $(STAMP) $(LLAMA_SERVER)
 
 lint: $(STAMP)
 	$(BIN)/ruff check app compliance bench tests
+	$(BIN)/mypy $(MYPY_PATHS)
 	$(BIN)/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -2,10 +2,19 @@
 
 ``SMOL`` (SmolLM2-135M, ~100 tokens/s) is the model for plumbing tests; the default
 Qwen model is used only where a test needs a model that can reason or pick a tool.
+
+Tests are marked by what they need beyond this checkout (markers in ``pyproject.toml``):
+``postgres`` (the PostgreSQL server, ``ORS_TEST_POSTGRES_URL``), ``redis`` (the Redis
+server, ``ORS_TEST_REDIS_URL``) and ``model`` (an embedded model: llama-server and the
+model files). :func:`pytest_collection_modifyitems` marks a test by the fixtures it uses
+(:data:`NEEDS`) and by the parameters it runs with (``"postgresql"``, ``"redis"``); a
+test that starts such a thing itself carries the mark explicitly. ``make test-fast``
+leaves all three out.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +33,35 @@ SMOL = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-1.5b-instruct"
 
 
+NEEDS: dict[str, str] = {
+    "postgres_url": "postgres",
+    "postgres_database_url": "postgres",
+    "redis_url": "redis",
+    "model_dir": "model",
+    "smollm2": "model",
+    "qwen_cache_dir": "model",
+}
+"""Fixtures that need a service or an embedded model, and the marker of that need. A
+fixture that uses one of them (``server`` uses ``model_dir``) passes its need on."""
+
+PARAMETERS: dict[str, str] = {"postgresql": "postgres", "redis": "redis"}
+"""Parameter values that select a service (a test run on both store engines, or on both
+rate limit stores), and the marker of that need."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by what it needs: a fixture of :data:`NEEDS` anywhere among those it
+    uses (its fixture closure), or a parameter of :data:`PARAMETERS` it runs with."""
+    for item in items:
+        needs = {NEEDS[name] for name in getattr(item, "fixturenames", ()) if name in NEEDS}
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:
+            needs |= {PARAMETERS[value] for value in callspec.params.values()
+                      if isinstance(value, str) and value in PARAMETERS}
+        for need in sorted(needs):
+            item.add_marker(need)
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"
@@ -31,7 +69,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Shared by every test server, so the default model is assembled once per run."""
+    """Where the embedded models' files are assembled, shared by every test server so the
+    default model is assembled once per run. A test that uses it runs an embedded model
+    (marked ``model``)."""
     return tmp_path_factory.mktemp("models")
 
 
@@ -79,7 +119,8 @@ def scripted_backend() -> ScriptedBackend:
     )
 
 
-POSTGRES_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES_ADMIN_URL = os.environ.get("ORS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+"""A database on the PostgreSQL server the tests create their own databases with."""
 
 
 @pytest.fixture(scope="session")
@@ -90,19 +131,26 @@ def postgres_url() -> Iterator[str]:
     import uuid
 
     import asyncpg
+    from sqlalchemy.engine import make_url
 
     name = f"ors_e2e_{uuid.uuid4().hex[:12]}"
+    admin_url = make_url(POSTGRES_ADMIN_URL)
+    dsn = admin_url.set(drivername="postgresql").render_as_string(hide_password=False)
 
     async def admin(statement: str) -> None:
-        connection = await asyncpg.connect(POSTGRES_ADMIN_URL)
+        connection = await asyncpg.connect(dsn)
         try:
             await connection.execute(statement)
         finally:
             await connection.close()
 
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
     try:
-        yield f"postgresql+asyncpg://postgres@127.0.0.1:5432/{name}"
+        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, asyncpg.PostgresError) as error:
+        pytest.fail(f"PostgreSQL at {admin_url.render_as_string()} is not reachable ({error!r}); "
+                    "the tests marked `postgres` need it (ORS_TEST_POSTGRES_URL names another server).")
+    try:
+        yield admin_url.set(drivername="postgresql+asyncpg", database=name).render_as_string(hide_password=False)
     finally:
         asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
@@ -131,7 +179,7 @@ def client(server: LiveServer) -> Iterator[Client]:
     client.close()
 
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = os.environ.get("ORS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 @pytest.fixture()
@@ -143,7 +191,8 @@ def redis_url() -> str:
     try:
         client.ping()
     except redis.RedisError as error:
-        pytest.fail(f"Redis at {REDIS_URL} is not reachable ({error!r}); the rate limit tests need it.")
+        pytest.fail(f"Redis at {REDIS_URL} is not reachable ({error!r}); the tests marked `redis` need it "
+                    "(ORS_TEST_REDIS_URL names another server).")
     finally:
         client.close()
     return REDIS_URL

@@ -90,7 +90,7 @@ class UnsupportedToolParam(ParamModel):
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in ("namespace", "custom"):
-        return kind  # type: ignore[no-any-return]
+        return kind
     return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
 
 

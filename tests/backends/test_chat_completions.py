@@ -130,6 +130,7 @@ async def llama(llama_url: str) -> AsyncIterator[ChatCompletionsBackend]:
 # -- against the real upstream: llama-cpp-python's server with SmolLM2 ----------------------
 
 
+@pytest.mark.model
 async def test_real_text_streams_then_one_finish(llama: ChatCompletionsBackend) -> None:
     request = GenerationRequest(
         model=SMOLLM2_ALIAS,
@@ -144,6 +145,7 @@ async def test_real_text_streams_then_one_finish(llama: ChatCompletionsBackend) 
     assert finish.usage is None  # that server ignores stream_options and never streams usage
 
 
+@pytest.mark.model
 async def test_real_small_token_limit_reports_length(llama: ChatCompletionsBackend) -> None:
     request = ask(SMOLLM2_ALIAS, "Write a long story.", sampling=Sampling(temperature=0, max_output_tokens=3))
     deltas = await collect(llama, request)
@@ -151,6 +153,7 @@ async def test_real_small_token_limit_reports_length(llama: ChatCompletionsBacke
     assert 1 <= len(deltas) - 1 <= 3
 
 
+@pytest.mark.model
 async def test_real_json_schema_output_parses(llama: ChatCompletionsBackend) -> None:
     schema = {
         "type": "object",
@@ -170,6 +173,7 @@ async def test_real_json_schema_output_parses(llama: ChatCompletionsBackend) -> 
     assert set(value) == {"name", "age"} and isinstance(value["age"], int)
 
 
+@pytest.mark.model
 async def test_real_standard_json_schema_form_fails_as_that_server_answers_500(llama_url: str) -> None:
     standard = ChatCompletionsBackend(llama_url)  # schema_style="json_schema"
     request = ask(SMOLLM2_ALIAS, output_format=OutputFormat(kind="json_schema", schema={"type": "object"}))
@@ -182,6 +186,7 @@ async def test_real_standard_json_schema_form_fails_as_that_server_answers_500(l
     assert "llama_cpp" not in failure.value.message  # its traceback excerpt stays in our log
 
 
+@pytest.mark.model
 async def test_real_named_tool_choice_streams_one_call(llama: ChatCompletionsBackend) -> None:
     request = ask(
         SMOLLM2_ALIAS,
@@ -198,11 +203,13 @@ async def test_real_named_tool_choice_streams_one_call(llama: ChatCompletionsBac
     assert "city" in json.loads(arguments_by_index(deltas)[0])
 
 
+@pytest.mark.model
 async def test_real_unknown_model_is_served_by_the_default_model(llama: ChatCompletionsBackend) -> None:
     deltas = await collect(llama, ask("no-such-model", sampling=Sampling(max_output_tokens=4)))
     assert text_of(deltas) and assert_one_final_finish(deltas).reason == "length"
 
 
+@pytest.mark.model
 async def test_real_context_overflow_in_a_stream_fails_and_the_next_request_works(
     llama: ChatCompletionsBackend
 ) -> None:
@@ -215,6 +222,7 @@ async def test_real_context_overflow_in_a_stream_fails_and_the_next_request_work
     assert assert_one_final_finish(deltas).reason == "length"
 
 
+@pytest.mark.model
 async def test_real_closing_the_stream_makes_the_server_stop(llama: ChatCompletionsBackend, llama_log: Path) -> None:
     story = ask(
         SMOLLM2_ALIAS,
@@ -234,10 +242,12 @@ async def test_real_closing_the_stream_makes_the_server_stop(llama: ChatCompleti
     assert assert_one_final_finish(deltas).reason == "length"
 
 
+@pytest.mark.model
 async def test_real_model_list(llama: ChatCompletionsBackend) -> None:
     assert [info.id for info in await llama.fetch_models()] == [SMOLLM2_ALIAS]
 
 
+@pytest.mark.model
 async def test_real_stopped_server_is_unavailable() -> None:
     with running_llama_server() as base_url:
         chat = ChatCompletionsBackend(base_url)

@@ -3,9 +3,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
@@ -29,7 +29,7 @@ from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelN
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-1.5b-instruct"
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.model]
 
 PERSON_SCHEMA = {
     "type": "object",
@@ -63,20 +63,27 @@ def text_of(deltas: list[Delta]) -> str:
     return "".join(delta.text for delta in deltas if isinstance(delta, TextDelta))
 
 
-async def slots_are_idle(backend: LocalBackend, model: str = SMOLLM2) -> bool:
-    """No slot is held here, and llama-server itself reports every slot idle (it notices a
-    closed connection at its next token: give it a moment)."""
+async def idle_slots(backend: LocalBackend, model: str = SMOLLM2, deadline: float = 60) -> list[dict[str, Any]]:
+    """llama-server's slots once it reports every one idle (it notices a closed connection
+    at its next token), with no slot held here either; fails past ``deadline`` seconds, a
+    bound, not a measurement."""
     pool = backend.slot_pool(model)
     assert pool is not None and pool.busy == 0
     url = backend.server_url(model)
     assert url is not None
-    async with httpx.AsyncClient(base_url=url, headers=backend.server_headers(model)) as client:
-        for _ in range(50):
-            slots = (await client.get("/slots")).json()
+    async with asyncio.timeout(deadline), httpx.AsyncClient(base_url=url, headers=backend.server_headers(model)) as client:
+        while True:
+            slots: list[dict[str, Any]] = (await client.get("/slots")).json()
             if not any(slot["is_processing"] for slot in slots):
-                return True
-            await asyncio.sleep(0.1)
-    return False
+                return slots
+            await asyncio.sleep(0.05)
+
+
+def cut_short(slots: list[dict[str, Any]]) -> bool:
+    """Whether a slot's last generation was stopped from outside: llama-server clears
+    ``has_next_token`` when a generation ends by itself (an end token, its budget), and
+    leaves it set when the generation is cancelled."""
+    return any(slot["next_token"][0]["has_next_token"] for slot in slots if "next_token" in slot)
 
 
 async def test_streams_text_deltas_then_exactly_one_finish(smollm2: LocalBackend) -> None:
@@ -173,15 +180,15 @@ async def test_model_loads_lazily_on_first_use(tmp_path: Path) -> None:
 
 
 async def test_concurrent_generations_on_one_model_run_together(smollm2: LocalBackend) -> None:
-    spans: dict[str, tuple[float, float]] = {}
+    happened: list[tuple[str, str]] = []  # (stream, "first" or "end"), in the order they happened
 
     async def run(name: str, prompt: str) -> list[Delta]:
         deltas: list[Delta] = []
-        first = None
         async for delta in smollm2.stream(ask(prompt, max_tokens=24)):
-            first = first or time.monotonic()
+            if not deltas:
+                happened.append((name, "first"))
             deltas.append(delta)
-        spans[name] = (first or 0.0, time.monotonic())
+        happened.append((name, "end"))
         return deltas
 
     essay = "Write a very long essay about the history of Rome, at least 5000 words."  # runs to its budget
@@ -189,8 +196,10 @@ async def test_concurrent_generations_on_one_model_run_together(smollm2: LocalBa
 
     for deltas in (one, two):
         assert isinstance(deltas[-1], Finish) and sum(isinstance(d, Finish) for d in deltas) == 1
-    (start_a, end_a), (start_b, end_b) = sorted(spans.values())
-    assert start_b < end_a  # the second streamed before the first had finished: one batch, two slots
+    # the second streamed before the first had finished: one batch, two slots
+    first_name = happened[0][0]
+    second_name = "two" if first_name == "one" else "one"
+    assert happened.index((second_name, "first")) < happened.index((first_name, "end")), happened
 
 
 async def test_closing_the_stream_stops_the_worker_and_frees_the_model(smollm2: LocalBackend) -> None:
@@ -198,10 +207,8 @@ async def test_closing_the_stream_stops_the_worker_and_frees_the_model(smollm2: 
     for _ in range(3):
         assert isinstance(await anext(stream), TextDelta)
 
-    started = time.monotonic()
-    await stream.aclose()
-    assert time.monotonic() - started < 5.0
-    assert await slots_are_idle(smollm2)
+    await asyncio.wait_for(stream.aclose(), timeout=60)
+    assert cut_short(await idle_slots(smollm2))  # stopped, not run to its end
 
     deltas = await collect(smollm2, ask("Say hello.", max_tokens=8))
     assert isinstance(deltas[-1], Finish)
@@ -216,41 +223,43 @@ async def test_cancelling_the_consumer_stops_the_worker(smollm2: LocalBackend) -
                 received.set()
 
     task = asyncio.create_task(consume())
-    await asyncio.wait_for(received.wait(), timeout=10)
-    started = time.monotonic()
+    await asyncio.wait_for(received.wait(), timeout=60)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
-        await task
-    assert time.monotonic() - started < 5.0
-    assert await slots_are_idle(smollm2)
+        await asyncio.wait_for(task, timeout=60)
+    assert cut_short(await idle_slots(smollm2))  # stopped, not run to its end
 
     deltas = await collect(smollm2, ask("Say hello.", max_tokens=8))
     assert isinstance(deltas[-1], Finish)
 
 
 async def test_event_loop_stays_responsive_during_generation(smollm2: LocalBackend) -> None:
-    gaps: list[float] = []
+    """The loop runs other tasks while a generation waits for its tokens: a task that
+    wakes every millisecond runs between most two deltas. (Were the tokens made on the
+    loop, or read from a blocking socket, it would run between none of them.)"""
+    turns = 0
     done = asyncio.Event()
 
-    async def heartbeat() -> None:
-        last = time.monotonic()
+    async def other_task() -> None:
+        nonlocal turns
         while not done.is_set():
-            await asyncio.sleep(0.01)
-            now = time.monotonic()
-            gaps.append(now - last)
-            last = now
+            await asyncio.sleep(0.001)
+            turns += 1
 
-    beating = asyncio.create_task(heartbeat())
-    started = time.monotonic()
+    running = asyncio.create_task(other_task())
+    deltas: list[Delta] = []
+    seen: list[int] = []  # the other task's turns when each delta arrived
     try:
-        deltas = await collect(smollm2, ask("Write a long story about a dragon.", max_tokens=128, temperature=0.8))
+        async for delta in smollm2.stream(ask("Write a long story about a dragon.", max_tokens=128, temperature=0.8)):
+            deltas.append(delta)
+            seen.append(turns)
     finally:
-        elapsed = time.monotonic() - started
         done.set()
-        await beating
+        await running
 
     assert isinstance(deltas[-1], Finish)
-    assert max(gaps) < min(0.5, elapsed / 2)
+    between = [later - earlier for earlier, later in zip(seen, seen[1:], strict=False)]
+    assert sum(1 for count in between if count > 0) >= len(between) // 2, between
 
 
 async def test_split_characters_are_never_emitted_broken(smollm2: LocalBackend) -> None:
@@ -337,14 +346,11 @@ async def test_qwen_renders_tools_and_answers(qwen_cache_dir: Path) -> None:
         with_tools = await backend.count_tokens(QWEN, messages, (weather,))
         assert with_tools > await backend.count_tokens(QWEN, messages) + 50
 
-        started = time.monotonic()
         deltas = await collect(backend, ask(messages[0].content, model=QWEN, max_tokens=8))
-        elapsed = time.monotonic() - started
 
         assert "51" in text_of(deltas)
         finish = deltas[-1]
         assert isinstance(finish, Finish) and finish.usage is not None and finish.usage.output_tokens <= 8
-        assert elapsed < 60
     finally:
         await backend.aclose()
 
@@ -366,11 +372,11 @@ async def test_beyond_the_slots_requests_wait_in_order_and_beyond_the_queue_get_
             finished.append("waiter")
 
         waiting = asyncio.create_task(waiter())
-        for _ in range(100):
-            pool = backend.slot_pool(SMOLLM2)
-            if pool is not None and pool.waiting == 1:
-                break
-            await asyncio.sleep(0.01)
+        pool = backend.slot_pool(SMOLLM2)
+        assert pool is not None
+        async with asyncio.timeout(60):  # a bound, not a measurement
+            while pool.waiting != 1:
+                await asyncio.sleep(0.01)
         with pytest.raises(TooManyRequests) as refused:
             await backend.check(ask("One more."))
         assert refused.value.status == 429 and refused.value.type == "too_many_requests"

@@ -61,6 +61,7 @@ def test_registry_lists_both_models() -> None:
     assert {spec.id: spec.context_window for spec in LOCAL_MODELS.values()} == {QWEN: 32768, "smollm2-135m-instruct": 8192}
 
 
+@pytest.mark.model
 def test_smollm2_is_found_in_its_package_and_verified(tmp_path: Path) -> None:
     path = ModelFiles(tmp_path).path(SMOLLM2.id)
 
@@ -69,6 +70,7 @@ def test_smollm2_is_found_in_its_package_and_verified(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir()), "a packaged file is used in place"
 
 
+@pytest.mark.model
 def test_a_packaged_file_with_the_wrong_hash_is_refused(tmp_path: Path) -> None:
     tampered = ModelSpec(id="tampered", source=SMOLLM2.source, sha256="0" * 64, size=SMOLLM2.size)
 

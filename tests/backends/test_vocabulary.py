@@ -18,6 +18,7 @@ from app.backends.vocabulary import Vocabulary, _LlamaLevels
 SMOLLM2 = "smollm2-135m-instruct"
 
 
+@pytest.mark.model
 def test_a_users_text_never_becomes_a_control_token(tmp_path: Path) -> None:
     """A user (or a tool's output) that spells the template's markers gets text, not a
     turn of its own; the template's own markers stay control tokens."""
@@ -49,6 +50,7 @@ def test_a_users_text_never_becomes_a_control_token(tmp_path: Path) -> None:
         vocabulary.close()
 
 
+@pytest.mark.model
 def test_loading_a_vocabulary_leaves_the_processes_stderr_alone(tmp_path: Path) -> None:
     """llama-cpp-python's quiet load points file descriptors 1 and 2 at /dev/null, and
     what other threads log meanwhile is lost; the vocabulary is loaded without it, and
@@ -76,6 +78,7 @@ def test_loading_a_vocabulary_leaves_the_processes_stderr_alone(tmp_path: Path) 
     assert vocabulary.llm.verbose is False
 
 
+@pytest.mark.model
 def test_loading_a_vocabulary_logs_no_warning_or_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """llama.cpp warns at every vocabulary load of a context that is never used (its
     ``n_ctx_train`` is 0 without the weights); that is debug detail, not an error at

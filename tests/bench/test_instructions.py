@@ -42,6 +42,7 @@ def test_an_answer_that_did_not_complete_is_an_error(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="valgrind is not installed")
+@pytest.mark.slow
 def test_a_child_under_callgrind_reports_its_count(stub: StubProcess, tmp_path: Path) -> None:
     per_request = instructions.count("floor", "json", stub.base_url, requests=5, warm=2, work=tmp_path)
     assert per_request > 0

@@ -21,6 +21,7 @@ from app.config import Settings
 from app.main import create_app
 from tests.client import Client
 from tests.conftest import SMOL
+from tests.e2e.test_metrics import scrape, value
 from tests.live import LiveServer
 
 WEATHER = {
@@ -39,25 +40,27 @@ PERSON = {
 
 def test_concurrent_streams_are_decoded_together(client: Client) -> None:
     """Four streams at once: each gets its first text before any of them has ended."""
-    firsts: list[float] = []
-    ends: list[float] = []
+    happened: list[str] = []  # "first" and "end" of each stream, in the order they happened
     lock = threading.Lock()
 
     def one(number: int) -> None:
         body = {"model": SMOL, "input": f"{LONG} ({number})", "max_output_tokens": 64, "temperature": 0,
                 "stream": True, "store": False}
-        first = None
+        first = False
         with client.http.stream("POST", "/v1/responses", json=body) as reply:
             for line in reply.iter_lines():
-                if first is None and line.startswith("event: response.output_text.delta"):
-                    first = time.monotonic()
+                if not first and line.startswith("event: response.output_text.delta"):
+                    first = True
+                    with lock:
+                        happened.append("first")
         with lock:
-            firsts.append(first or time.monotonic())
-            ends.append(time.monotonic())
+            if not first:
+                happened.append("first")
+            happened.append("end")
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(one, range(4)))
-    assert max(firsts) < min(ends)
+    assert happened == ["first"] * 4 + ["end"] * 4, happened
 
 
 def test_grammars_hold_per_sequence_when_generated_together(client: Client) -> None:
@@ -184,7 +187,10 @@ def test_beyond_the_queue_a_request_is_a_429_before_its_response_starts(one_slot
         lines = reply.iter_lines()  # kept: an abandoned iterator would close the response
         while not next(lines).startswith("event: response.in_progress"):
             pass
-        time.sleep(0.3)  # the turn's pump has asked for the slot
+        deadline = time.monotonic() + 60  # a bound, not a measurement
+        while value(scrape(str(one_slot.http.base_url).rstrip("/")), "ors_model_slots_busy", model=SMOL) < 1:
+            assert time.monotonic() < deadline, "the stream never took the slot"
+            time.sleep(0.05)
         error = one_slot.error({"model": SMOL, "input": "Hi"}, 429)
         assert error["type"] == "too_many_requests"
         refused = one_slot.http.post("/v1/responses", json={"model": SMOL, "input": "Hi"})

@@ -15,6 +15,9 @@ import pytest
 from tests.conftest import SMOL
 from tests.live import ServerProcess
 
+# Every test starts `ors serve` with SmolLM2 as its default model.
+pytestmark = pytest.mark.model
+
 KEY = "sk-do-not-log-4f1c9e"
 USER_TEXT = "PELICAN-7731 is my secret"
 

@@ -24,6 +24,9 @@ from tests.e2e.test_cli import _alive, _llama_servers_of
 from tests.e2e.test_metrics import scrape, value
 from tests.live import ServerProcess
 
+# Every test starts `ors serve` with SmolLM2 as its default model.
+pytestmark = pytest.mark.model
+
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -7,10 +7,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.client import Client
 from tests.conftest import SMOL
 from tests.live import ServerProcess
+
+# Every test starts `ors serve` with SmolLM2 as its default model.
+pytestmark = pytest.mark.model
 
 
 def test_chain_survives_kill_9_and_restart(tmp_path: Path) -> None:

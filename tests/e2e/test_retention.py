@@ -14,6 +14,9 @@ from compliance import check_response, validate_error_body
 from tests.conftest import SMOL
 from tests.live import ServerProcess
 
+# Every test starts `ors serve` with SmolLM2 as its default model.
+pytestmark = pytest.mark.model
+
 RETENTION_SECONDS = 3
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,9 @@ from tests.conftest import scripted_backend
 from tests.live import LiveServer
 
 
-def _wait_for(condition, timeout: float = 10) -> bool:  # type: ignore[no-untyped-def]
+def _wait_for(condition, timeout: float = 60) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``condition()`` came true within ``timeout``: a bound, not a measurement
+    (``scripted-slow`` runs for 20 s and counts as cancelled only when it is cut short)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -46,11 +49,13 @@ def test_non_streaming_disconnect_stops_generation(tmp_path: Path) -> None:
     scripted = scripted_backend()
     with_server = LiveServer(create_app(Settings(data_dir=tmp_path), backends=[scripted])).start()
     try:
-        body = {"model": "scripted-slow", "input": "x"}
-        try:
-            httpx.post(f"{with_server.url}/v1/responses", json=body, timeout=0.5)
-        except httpx.ReadTimeout:
-            pass
+        body = json.dumps({"model": "scripted-slow", "input": "x"}).encode()
+        head = (f"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        with socket.create_connection(("127.0.0.1", with_server.port), timeout=30) as client:
+            client.sendall(head + body)
+            assert _wait_for(lambda: len(scripted.requests) == 1), "the model was never asked"
+        # the client has gone away while its answer was being generated
         assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
     finally:
         with_server.stop()
@@ -63,17 +68,20 @@ def test_shutdown_mid_stream_ends_with_a_terminal_event(tmp_path: Path) -> None:
     checker = StreamChecker(transport="sse")
     events: list[dict[str, object]] = []
     body = {"model": "scripted-slow", "input": "x", "stream": True}
-    stopper = threading.Timer(0.5, server.stop)
-    stopper.start()
+    stopper = threading.Thread(target=server.stop)  # once the stream is under way
     try:
-        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=30) as reply:
+        with httpx.stream("POST", f"{server.url}/v1/responses", json=body, timeout=60) as reply:
             for chunk in reply.iter_raw():
                 for event in parser.feed(chunk):
                     checker.feed(event)
                     events.append(event)
+                    if event["type"] == "response.output_text.delta" and stopper.ident is None:
+                        stopper.start()
         parser.close()
         final = checker.finish()
     finally:
+        if stopper.ident is None:
+            stopper.start()
         stopper.join()
     assert final["status"] == "failed"
     assert final["error"]["code"] == "server_shutting_down"

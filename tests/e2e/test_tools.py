@@ -247,12 +247,14 @@ def upstream_front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]
         server.stop()
 
 
+@pytest.mark.model
 def test_upstream_named_choice(upstream_front: Client) -> None:
     response = upstream_front.create(input="Weather in Paris?", tools=[WEATHER, SEARCH],
                                      tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=64)
     assert [call["name"] for call in _calls(response)] == ["get_weather"]
 
 
+@pytest.mark.model
 def test_upstream_allowed_tools_suppresses_other_calls(upstream_front: Client) -> None:
     response = upstream_front.create(
         input="Weather in Paris?", tools=[WEATHER, SEARCH],
@@ -262,18 +264,21 @@ def test_upstream_allowed_tools_suppresses_other_calls(upstream_front: Client) -
     assert all(call["name"] == "search_web" for call in _calls(response))
 
 
+@pytest.mark.model
 def test_upstream_none(upstream_front: Client) -> None:
     response = upstream_front.create(input="Weather in Paris?", tools=[WEATHER], tool_choice="none",
                                      max_output_tokens=32)
     assert not _calls(response)
 
 
+@pytest.mark.model
 def test_upstream_required_and_parallel_false(upstream_front: Client) -> None:
     response = upstream_front.create(input="Weather in Paris and Rome?", tools=[WEATHER], tool_choice="required",
                                      parallel_tool_calls=False, max_tool_calls=1, max_output_tokens=96)
     assert len(_calls(response)) == 1
 
 
+@pytest.mark.model
 def test_upstream_required_with_the_budget_spent_is_incomplete(upstream_front: Client) -> None:
     _assert_budget_stop(upstream_front.create(input="File the report.", tools=[REPORT], tool_choice="required",
                                               max_output_tokens=16))

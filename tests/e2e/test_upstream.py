@@ -16,6 +16,9 @@ from tests.client import Client
 from tests.live import LiveServer
 from tests.upstream_server import running_llama_server
 
+# The upstream is llama-cpp-python's server with SmolLM2, and the local model is SmolLM2.
+pytestmark = pytest.mark.model
+
 UPSTREAM_MODEL = "upstream-smollm2"
 
 

@@ -87,6 +87,7 @@ def _serving(server: subprocess.Popen[bytes], port: int, log: Path) -> str:
         time.sleep(0.1)
 
 
+@pytest.mark.model
 def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_path: Path) -> None:
     """The installed llama-server, on the small model, four prompts decoded together: where
     the build has AMX the weights are in its tile layout (the log says so) and the batch
@@ -121,6 +122,7 @@ def test_the_installed_server_runs_a_batch_on_the_layout_it_was_built_for(tmp_pa
     assert ("AMX model buffer size" in text) == (built_with_amx and "AMX is not ready" not in text)
 
 
+@pytest.mark.model
 def test_sequences_decoded_together_get_what_each_gets_alone(tmp_path: Path) -> None:
     """The installed llama-server on Qwen (Q4_K and Q6_K weights), four different questions
     asked one at a time and then at once: each gets the same tokens with the same

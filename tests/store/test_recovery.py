@@ -195,7 +195,7 @@ async def test_kill_9_before_finish(database_url: str, new_store: NewStore, tena
     store = await new_store("after-the-crash")
     started = time.monotonic()
     while (stored := await store.get(tenant, running_id)) is not None and stored.status != "failed":
-        assert time.monotonic() - started < 10, "the dead instance's lock was never released"
+        assert time.monotonic() - started < 60, "the dead instance's lock was never released"  # a bound
         await anyio.sleep(0.05)
         await store.recover()  # on PostgreSQL the server may notice the dead session a moment later
     assert stored is not None

@@ -77,8 +77,8 @@ def _serve(args: argparse.Namespace) -> int:
 def keep_private(data_dir: Path) -> None:
     """What the server writes is for the user it runs as only: stored responses, prompt
     caches (the KV state of conversations), logs, keys. The file mode creation mask
-    becomes 077 for this process and every process it starts (workers, the store's
-    writer, llama-server); with the usual 022, the database and the slot files were
+    becomes 077 for this process and every process it starts (workers, llama-server);
+    with the usual 022, the database and the slot files were
     readable by every local user. A data directory that already lets others in is named
     in a warning: its files made before stay as they are."""
     os.umask(PRIVATE_UMASK)

@@ -95,11 +95,11 @@ class Settings(BaseSettings):
     if this directory itself can be read by other users."""
     database_url: str | None = None
     """The response store, a SQLAlchemy URL. Unset means SQLite at ``ORS_DATA_DIR/ors.db``
-    (written by one child process of the server, ``python -m app.store.sqlite_writer``,
-    which ends with it); ``postgresql+asyncpg://…`` for several replicas sharing one
-    database (each server process opens up to 20 connections for reads, writes and its
-    liveness lock, 4 for the starts of responses, and 2 of its own that listen for
-    cancels and for the events of responses followed from another replica). While the
+    (written by one thread of the server, which commits concurrent writes together);
+    ``postgresql+asyncpg://…`` for several replicas sharing one database (each server
+    process opens up to 20 connections for reads, writes and its liveness lock, 4 for
+    the starts of responses, and 2 of its own that listen for cancels and for the events
+    of responses followed from another replica). While the
     database cannot be reached, what needs it is 503 ``store_unavailable`` with
     ``Retry-After: 1``; ``store: false`` is still served."""
     database_wait_seconds: float = Field(default=30.0, ge=0)

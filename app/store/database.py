@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.store.engines import (
+    FLUSH_OPTION,
     SQLITE_BUSY_TIMEOUT_MS,
     WRITE_OPTION,
     begin_sqlite,
@@ -76,9 +77,6 @@ class SqliteDatabase(Database):
         self._writing: Connection | None = None
         """The writer's own connection, kept open between writes (no checkout from the
         pool per write); used only by the writer thread."""
-        self._flushing: bool | None = None
-        """The writer connection's ``synchronous`` setting (``FULL``: True, ``NORMAL``:
-        False; None: not set on this connection yet)."""
         self._readers = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="store-reader")
 
     @property
@@ -93,17 +91,11 @@ class SqliteDatabase(Database):
         Without it (``NORMAL``) the commit is in the WAL, visible and safe from a crash
         of this process, and reaches the disk with the next flushed commit (the WAL is
         written in order, so one fsync covers every frame before it) or checkpoint; only
-        an OS crash or a power loss in between can lose it."""
-        connection = self._writing
-        if connection is None:
-            connection = self._writing = self._writer_engine.connect()
-            self._flushing = None  # a pooled connection may have been a writer before
-        if flush is not self._flushing:
-            # outside any transaction: the driver runs it as is, with no BEGIN
-            connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-                "PRAGMA synchronous=FULL" if flush else "PRAGMA synchronous=NORMAL")
-            self._flushing = flush
+        an OS crash or a power loss in between can lose it. The setting is changed before
+        ``BEGIN`` (:func:`app.store.engines.begin_sqlite`)."""
+        connection = self._writer()
         try:
+            connection.execution_options(**{FLUSH_OPTION: flush})
             with connection.begin():
                 return fn(connection)
         except BaseException:
@@ -116,13 +108,24 @@ class SqliteDatabase(Database):
         """Copy what the WAL holds into the database file, as far as no reader's snapshot
         needs it (``PRAGMA wal_checkpoint(PASSIVE)``: it waits for no reader), on the
         writer's connection between two transactions; the next transaction then starts
-        the WAL over. Called only by the writer thread (:mod:`app.store.sqlite_writer`)."""
-        connection = self._writing
-        if connection is None:
-            connection = self._writing = self._writer_engine.connect()
-            self._flushing = None
-        connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-            "PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        the WAL over. Called only by the writer thread (:mod:`app.store.sqlite_writer`).
+
+        It runs in a deferred transaction (``BEGIN``, not ``BEGIN IMMEDIATE``): SQLite
+        refuses to checkpoint on a connection that holds a lock, and a deferred
+        transaction takes none until it reads a table, which a checkpoint does not."""
+        connection = self._writer()
+        try:
+            connection.execution_options(**{WRITE_OPTION: False})
+            with connection.begin():
+                connection.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").all()
+        finally:
+            connection.execution_options(**{WRITE_OPTION: True})
+
+    def _writer(self) -> Connection:
+        """The writer's connection, opened if need be."""
+        if self._writing is None:
+            self._writing = self._writer_engine.connect()
+        return self._writing
 
     def close_writer(self) -> None:
         """Close the writer's connection (by the writer thread, as it ends)."""

@@ -27,7 +27,6 @@ idle for more than :data:`ALIVE_BYPASS_SECONDS` (:func:`ping_when_idle`).
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,10 @@ the whole table at each step. A custom plan for each execution always walks the
 indexes."""
 WRITE_OPTION = "ors_write"
 """Execution option marking a connection whose transactions write."""
+FLUSH_OPTION = "ors_flush"
+"""Execution option of a SQLite write connection: whether its commits are fsynced
+(``synchronous=FULL``, every connection's setting at first) or not (``NORMAL``); see
+:meth:`app.store.database.SqliteDatabase.transaction`."""
 
 
 def normalize_url(url: str | URL) -> URL:
@@ -193,11 +196,13 @@ def configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def begin_sqlite(connection: Connection) -> None:
-    statement = "BEGIN IMMEDIATE" if connection.get_execution_options().get(WRITE_OPTION, False) else "BEGIN"
-    driver = connection.connection.driver_connection
-    if isinstance(driver, sqlite3.Connection):
-        # the store's own connections (reader threads, the writer thread): on the
-        # driver itself, as app.store.direct does
-        driver.execute(statement)
-    else:
-        connection.exec_driver_sql(statement)
+    """SQLite's ``BEGIN`` (``BEGIN IMMEDIATE`` for a write), emitted by the store itself:
+    the driver's own transaction handling is off (:func:`configure_sqlite`). A write's
+    :data:`FLUSH_OPTION` sets ``synchronous`` first, here, as SQLite refuses to change it
+    inside a transaction; only when the connection's setting differs."""
+    options = connection.get_execution_options()
+    flush = options.get(FLUSH_OPTION)
+    if flush is not None and connection.info.get(FLUSH_OPTION, True) is not flush:
+        connection.exec_driver_sql("PRAGMA synchronous=FULL" if flush else "PRAGMA synchronous=NORMAL")
+        connection.info[FLUSH_OPTION] = flush
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if options.get(WRITE_OPTION, False) else "BEGIN")

@@ -1,40 +1,36 @@
 """PostgreSQL: a response's row, its items and its events written in one statement.
 
-On PostgreSQL every statement of a write is a round trip to the server, and each costs
-the event loop its part of SQLAlchemy's asyncpg adaptation and the server a backend
-wake-up. Written plainly, a stored stream's end is three statements (the row's update,
-its output items, its events) and its start two (the row, its input items), besides
-the transaction's own. Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
+On PostgreSQL every statement of a write is a round trip to the server. Written plainly,
+a stored stream's end is three statements (the row's update, its output items, its
+events) and its start two (the row, its input items), besides the transaction's own.
+Here each is one statement: the row's ``INSERT`` or ``UPDATE`` is a data-modifying
 ``WITH`` query whose ``RETURNING`` feeds the inserts of the items (all of them, from
 arrays: ``unnest``) and of the events, which write nothing when it wrote nothing (the
 response was deleted, cancelled or ended meanwhile). The statement answers how many rows
 it wrote (0 or 1). A continuation's row is inserted only if its previous response is
 visible, which the same statement holds with a share lock.
 
-The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, run by
-:class:`app.store.direct.Direct` like the rest of the write path. SQLite keeps the plain
-statements of :mod:`app.store.statements`: its writes are calls into the library on the
-writer thread, where a statement costs no round trip, and it has no ``RETURNING`` in
-``WITH``. The values go in as :mod:`app.store.schema` would store them: JSON documents
-as their text, exactly.
+The statements are SQLAlchemy Core over the tables of :mod:`app.store.schema`, built
+once and run with ``Connection.execute`` (SQLAlchemy caches their compiled form); the
+values go through the columns' own types (JSON documents as their text, exactly).
+SQLite keeps the plain statements of :mod:`app.store.statements`: its writes are calls
+into the library on the writer thread, where a statement costs no round trip, and it
+has no ``RETURNING`` in ``WITH``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Integer, LargeBinary, Text, bindparam, exists, func, insert, select, true, update
+from sqlalchemy import CTE, Integer, LargeBinary, Select, Text, bindparam, exists, func, insert, select, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.selectable import CTE
 
-from app.store.direct import Direct
 from app.store.schema import JsonText, items, responses
 from app.store.schema import events as event_rows
 
-_JSON = JsonText()
 _ITEM_COLUMNS = ("role", "position", "item_id", "item")
-_ITEM_ARRAYS = {"role": Text, "position": Integer, "item_id": Text, "item": Text}
+_ITEM_ARRAYS = {"role": Text, "position": Integer, "item_id": Text, "item": JsonText}
 
 
 def _items_from(written: CTE) -> CTE:
@@ -53,11 +49,11 @@ def _events_from(written: CTE) -> CTE:
     return insert(event_rows).from_select(["response_id", "body"], rows).cte("written_events")
 
 
-def _counted(written: CTE, *more: CTE) -> Direct:
-    return Direct(select(func.count()).select_from(written).add_cte(*more))
+def _counted(written: CTE, *more: CTE) -> Select[int]:
+    return select(func.count()).select_from(written).add_cte(*more)
 
 
-def _finish(with_events: bool) -> Direct:
+def _finish(with_events: bool) -> Select[int]:
     finished = (
         update(responses)
         .where(
@@ -78,7 +74,7 @@ def _finish(with_events: bool) -> Direct:
     return _counted(finished, _items_from(finished), *([_events_from(finished)] if with_events else []))
 
 
-def _insert(with_events: bool, continuation: bool) -> Direct:
+def _insert(with_events: bool, continuation: bool) -> Select[int]:
     """The row, from its values; a ``continuation`` only if its previous response is
     visible, which it then holds with a share lock until the commit (a delete of it waits),
     as :mod:`app.store.statements` does with a statement of its own on SQLite."""
@@ -111,7 +107,7 @@ def _item_arrays(item_rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "i_role": [row["role"] for row in item_rows],
         "i_position": [row["position"] for row in item_rows],
         "i_item_id": [row["item_id"] for row in item_rows],
-        "i_item": [_JSON.process_bind_param(row["item"], None) for row in item_rows],  # type: ignore[arg-type]
+        "i_item": [row["item"] for row in item_rows],
     }
 
 
@@ -124,7 +120,8 @@ def insert_response(connection: Connection, row: dict[str, Any], item_rows: list
     params.update(_item_arrays(item_rows))
     if body is not None:
         params["e_body"] = body
-    return _count(_INSERT[body is not None, row.get("previous_response_id") is not None], connection, params)
+    return connection.execute(_INSERT[body is not None, row.get("previous_response_id") is not None],
+                              params).scalar_one()
 
 
 def finish_response(connection: Connection, params: dict[str, Any], output_rows: list[dict[str, Any]],
@@ -135,10 +132,5 @@ def finish_response(connection: Connection, params: dict[str, Any], output_rows:
     values = {**params, **_item_arrays(output_rows)}
     if body is not None:
         values["e_body"] = body
-    return _count(_FINISH[body is not None], connection, values)
-
-
-def _count(statement: Direct, connection: Connection, params: dict[str, Any]) -> int:
-    row = statement.first(connection, params)
-    return 0 if row is None else int(row[0])
+    return connection.execute(_FINISH[body is not None], values).scalar_one()
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    ColumnElement,
     CompoundSelect,
     Integer,
     Row,
@@ -26,7 +27,6 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
 
 from app.store.base import JSON, ChainLink, ItemPage, Order, StoredResponse
 from app.store.schema import JsonText, items, responses

@@ -105,9 +105,10 @@ class SqlResponseStore(ResponseStore):
 
     @property
     def statement_engine(self) -> Engine:
-        """The synchronous engine whose events see every statement of reads (SQLite: the
-        one its reader threads use). Writes run their statements on the driver
-        (:mod:`app.store.direct`), which such events do not see."""
+        """The synchronous engine whose events see every statement of reads and writes
+        (SQLite: the one its reader and writer threads use), except PostgreSQL's writes
+        made with ``flush=False`` (a response's start), which run on a pool of their own
+        (:func:`app.store.engines.create_unflushed_engine`)."""
         if self._db is None:
             raise RuntimeError("the store is not open")
         return self._db.sync_engine

@@ -20,7 +20,6 @@ from app.errors import PreviousResponseNotFound
 from app.store import one_statement
 from app.store.base import JSON, Document, NewResponse, StoreConflict, StoredResponse
 from app.store.cancels import CHANNEL, encode_notice
-from app.store.direct import Direct
 from app.store.reads import BY_ID, STORED_COLUMNS, stored_response, visible_where
 from app.store.schema import NON_TERMINAL, TERMINAL, Serialized, items, now_ms, responses
 from app.store.schema import events as event_rows
@@ -31,15 +30,14 @@ RESTARTED_MESSAGE = "The server stopped before this response finished; it was no
 
 # -- statements ------------------------------------------------------------------------
 
-_INSERT_RESPONSE = Direct(insert(responses))
-_INSERT_ITEM = Direct(insert(items))
-_INSERT_EVENTS = Direct(insert(event_rows))
-_LOCK = Direct(select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(BY_ID)
-               .with_for_update())
-_HOLD = Direct(select(responses.c.id).where(BY_ID & responses.c.deleted_at.is_(None)).with_for_update(read=True))
+_INSERT_RESPONSE = insert(responses)
+_INSERT_ITEM = insert(items)
+_INSERT_EVENTS = insert(event_rows)
+_LOCK = select(responses.c.status, responses.c.finished_at, responses.c.deleted_at).where(BY_ID).with_for_update()
+_HOLD = select(responses.c.id).where(BY_ID & responses.c.deleted_at.is_(None)).with_for_update(read=True)
 """A continuation's previous response, if visible (SQLite; PostgreSQL holds it in the
 insert's own statement)."""
-_FINISH = Direct(update(responses).where(BY_ID & responses.c.deleted_at.is_(None) & responses.c.finished_at.is_(None)))
+_FINISH = update(responses).where(BY_ID & responses.c.deleted_at.is_(None) & responses.c.finished_at.is_(None))
 """A running response's end; it matches no row once the response was deleted or ended
 (a cancel ends it too: every end sets ``finished_at``), or if it was never begun."""
 
@@ -104,20 +102,20 @@ def _insert(row: dict[str, Any], item_rows: list[dict[str, Any]], body: Callable
     previous = row["previous_response_id"]
     postgresql = connection.dialect.name == "postgresql"
     if previous is not None and not postgresql:
-        if _HOLD.first(connection, {"b_tenant": row["tenant"], "b_id": previous}) is None:
+        if connection.execute(_HOLD, {"b_tenant": row["tenant"], "b_id": previous}).first() is None:
             raise _previous_not_found(previous)
     try:
         if postgresql:
             if not one_statement.insert_response(connection, row, item_rows, None if body is None else body()):
                 raise _previous_not_found(previous)
             return
-        _INSERT_RESPONSE.execute(connection, row)
+        connection.execute(_INSERT_RESPONSE, row)
     except IntegrityError as error:
         raise StoreConflict(f"Response '{row['id']}' already exists.") from error
     if item_rows:
-        _INSERT_ITEM.execute(connection, item_rows)
+        connection.execute(_INSERT_ITEM, item_rows)
     if body is not None:
-        _INSERT_EVENTS.execute(connection, {"response_id": row["id"], "body": body()})
+        connection.execute(_INSERT_EVENTS, {"response_id": row["id"], "body": body()})
 
 
 def _previous_not_found(previous: str | None) -> PreviousResponseNotFound:
@@ -141,7 +139,7 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
     if postgresql:
         finished = one_statement.finish_response(connection, params, output_rows, None if body is None else body())
     else:
-        finished = _FINISH.execute(connection, params)
+        finished = connection.execute(_FINISH, params).rowcount
     if not finished:
         current = _lock_for_update(connection, tenant, response_id)
         if current.deleted_at is not None or current.status == "cancelled":
@@ -149,9 +147,9 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
     if not postgresql:
         if output_rows:
-            _INSERT_ITEM.execute(connection, output_rows)
+            connection.execute(_INSERT_ITEM, output_rows)
         if body is not None:
-            _INSERT_EVENTS.execute(connection, {"response_id": response_id, "body": body()})
+            connection.execute(_INSERT_EVENTS, {"response_id": response_id, "body": body()})
     return True
 
 
@@ -227,7 +225,7 @@ class _Locked(NamedTuple):
 
 
 def _lock_for_update(connection: Connection, tenant: str, response_id: str) -> _Locked:
-    row = _LOCK.first(connection, {"b_tenant": tenant, "b_id": response_id})
+    row = connection.execute(_LOCK, {"b_tenant": tenant, "b_id": response_id}).first()
     if row is None:
         raise StoreConflict(f"Response '{response_id}' was never begun.")
     return _Locked(*row)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Engine, event, func, select
 
 from app.protocol.responses import ResponseResource
 from app.store.base import NewResponse
@@ -119,3 +121,14 @@ async def row_count(store: SqlResponseStore, table: str, response_id: str | None
         query = query.where(rows.c.role == role)
     async with store.engine.connect() as connection:
         return int(await connection.scalar(query) or 0)
+
+
+@contextlib.contextmanager
+def on_every_engine(identifier: str, listener: Callable[..., Any]) -> Iterator[None]:
+    """``listener`` for SQLAlchemy's ``identifier`` event (``before_cursor_execute``,
+    ``after_cursor_execute``) of every engine, a store's pools included, while inside."""
+    event.listen(Engine, identifier, listener)
+    try:
+        yield
+    finally:
+        event.remove(Engine, identifier, listener)

@@ -6,14 +6,21 @@ import asyncio
 
 import anyio
 import pytest
-from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_cursor
 from sqlalchemy.util import await_
 
 from app.errors import PreviousResponseNotFound
 from app.store.base import NewResponse
 from app.store.sql import SqlResponseStore
 from tests.store.conftest import NewStore
-from tests.store.helpers import assistant_message, events_of, final, new_response, row_count, user_message
+from tests.store.helpers import (
+    assistant_message,
+    events_of,
+    final,
+    new_response,
+    on_every_engine,
+    row_count,
+    user_message,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -89,7 +96,7 @@ async def test_delete_racing_continuations_never_strands_a_child(store: SqlRespo
 
 @pytest.mark.parametrize("batch", [False, True], ids=["alone", "in a batch"])
 async def test_delete_between_a_continuations_check_and_its_commit(
-    store: SqlResponseStore, tenant: str, monkeypatch: pytest.MonkeyPatch, batch: bool
+    store: SqlResponseStore, tenant: str, batch: bool
 ) -> None:
     """The continuation is paused right after it found its parent visible, and the
     parent is deleted meanwhile: the delete must wait (or see the child), never remove
@@ -116,32 +123,26 @@ async def test_delete_between_a_continuations_check_and_its_commit(
                 await asyncio.sleep(0.01)
 
     # The continuation's one statement checks its parent, holds it (FOR SHARE) and writes
-    # the child; it is paused right after it ran, where it is run on a cursor of
-    # SQLAlchemy's asyncpg adaptation.
-    execute = AsyncAdapt_asyncpg_cursor.execute
-
-    def pause_after_parent_check(self, operation, parameters=None):  # type: ignore[no-untyped-def]
-        result = execute(self, operation, parameters)
+    # the child; it is paused right after it ran (SQLAlchemy's after_cursor_execute event).
+    def pause_after_parent_check(connection, cursor, operation, parameters, *rest):  # type: ignore[no-untyped-def]
         if not checked.is_set() and "FOR SHARE" in operation and parent.id in str(parameters):
             checked.set()
             await_(hold())
-        return result
 
-    monkeypatch.setattr(AsyncAdapt_asyncpg_cursor, "execute", pause_after_parent_check)
-    async with anyio.create_task_group() as group:
-        group.start_soon(store.begin, child)
-        if batch:  # queued in the same turn of the loop: one writer takes both
-            group.start_soon(store.begin, new_response(tenant))
-        with anyio.fail_after(30):
-            while not checked.is_set():
-                await asyncio.sleep(0.01)
+    with on_every_engine("after_cursor_execute", pause_after_parent_check):
+        async with anyio.create_task_group() as group:
+            group.start_soon(store.begin, child)
+            if batch:  # queued in the same turn of the loop: one writer takes both
+                group.start_soon(store.begin, new_response(tenant))
+            with anyio.fail_after(30):
+                while not checked.is_set():
+                    await asyncio.sleep(0.01)
 
-        async def delete_then_release() -> None:
-            assert await store.delete(tenant, parent.id)
-            release.set()
+            async def delete_then_release() -> None:
+                assert await store.delete(tenant, parent.id)
+                release.set()
 
-        group.start_soon(delete_then_release)
-    monkeypatch.undo()
+            group.start_soon(delete_then_release)
 
     links = await store.chain(tenant, child.id)
     assert links is not None and [link.response_id for link in links] == [parent.id, child.id]

@@ -1,7 +1,7 @@
 """PostgreSQL writes a response's row, items and events in one statement
 (``app.store.one_statement``); an end that comes too late writes nothing, on both engines.
-On the real PostgreSQL server; the statements a write sends are recorded where SQLAlchemy's
-asyncpg adaptation runs them."""
+On the real PostgreSQL server; the statements a write sends are recorded by SQLAlchemy's
+``before_cursor_execute`` event (``BEGIN`` and ``COMMIT`` are the driver's own)."""
 
 from __future__ import annotations
 
@@ -9,65 +9,46 @@ import secrets
 from typing import Any
 
 import pytest
-from sqlalchemy.dialects.postgresql.asyncpg import AsyncAdapt_asyncpg_cursor
 
 from app.store.sql import SqlResponseStore
-from tests.store.helpers import assistant_message, events_of, final, new_response, row_count
+from tests.store.helpers import assistant_message, events_of, final, new_response, on_every_engine, row_count
 
 pytestmark = pytest.mark.anyio
 
 TABLES = ("responses", "items", "events")
 
 
-def _log_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement run on a cursor of SQLAlchemy's asyncpg adaptation from now on (what
-    the write path runs; BEGIN and COMMIT are the connection's own), recorded and then run
-    as before."""
-    statements: list[str] = []
-    cursor = AsyncAdapt_asyncpg_cursor
-    execute, executemany = cursor.execute, cursor.executemany
-
-    def logged_execute(self: Any, operation: str, parameters: Any = None) -> Any:
-        statements.append(operation)
-        return execute(self, operation, parameters)
-
-    def logged_executemany(self: Any, operation: str, seq_of_parameters: Any) -> Any:
-        statements.append(operation)
-        return executemany(self, operation, seq_of_parameters)
-
-    monkeypatch.setattr(cursor, "execute", logged_execute)
-    monkeypatch.setattr(cursor, "executemany", logged_executemany)
-    return statements
-
-
 def _writes(statements: list[str]) -> list[str]:
-    """The statements that touch the store's tables (not BEGIN, SET LOCAL, COMMIT, pings)."""
+    """The statements that touch the store's tables (not pings)."""
     return [sql for sql in statements if any(table in sql for table in TABLES)]
 
 
-async def test_each_write_of_a_stored_stream_is_one_statement(
-    postgres_database_url: str, tenant: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_each_write_of_a_stored_stream_is_one_statement(postgres_database_url: str, tenant: str) -> None:
     store = SqlResponseStore(postgres_database_url, secrets.token_hex(8))
     await store.open()
+    statements: list[str] = []
+
+    def sent(connection: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        statements.append(statement)
+
     try:
-        statements = _log_statements(monkeypatch)
-        begun = new_response(tenant)
-        await store.begin(begun)
-        (start,) = _writes(statements)
-        assert "INSERT INTO responses" in start and "INSERT INTO items" in start
+        with on_every_engine("before_cursor_execute", sent):
+            begun = new_response(tenant)
+            await store.begin(begun)
+            (start,) = _writes(statements)
+            assert "INSERT INTO responses" in start and "INSERT INTO items" in start
 
-        statements.clear()
-        output = [assistant_message("done")]
-        assert await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
-        (end,) = _writes(statements)
-        assert "UPDATE responses" in end and "INSERT INTO items" in end and "INSERT INTO events" in end
+            statements.clear()
+            output = [assistant_message("done")]
+            assert await store.finish(tenant, begun.id, final(begun, output), output, events_of(begun.id))
+            (end,) = _writes(statements)
+            assert "UPDATE responses" in end and "INSERT INTO items" in end and "INSERT INTO events" in end
 
-        statements.clear()
-        whole = new_response(tenant, previous=begun.id)
-        assert await store.record(whole, final(whole, output), output, events_of(whole.id))
-        (record,) = _writes(statements)  # a continuation: its previous response held in the same statement
-        assert "FOR SHARE" in record and "INSERT INTO responses" in record and "INSERT INTO events" in record
+            statements.clear()
+            whole = new_response(tenant, previous=begun.id)
+            assert await store.record(whole, final(whole, output), output, events_of(whole.id))
+            (record,) = _writes(statements)  # a continuation: its previous response held in the same statement
+            assert "FOR SHARE" in record and "INSERT INTO responses" in record and "INSERT INTO events" in record
 
         stored = await store.get(tenant, begun.id)
         assert stored is not None and stored.status == "completed"

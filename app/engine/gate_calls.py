@@ -15,12 +15,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from referencing.exceptions import Unresolvable
-
 from app.engine.gate_findings import CHAIN, Problem, Reason, clip, kind_of, show
 from app.engine.gate_tools import Tool, Toolbox, called_name
 from app.protocol.tools import CUSTOM_INPUT
-from app.schemas import SchemaLimits, compile_schema
+from app.schemas import SchemaLimits, UnresolvedReference, compile_schema
 
 JSON = Mapping[str, Any]
 
@@ -110,8 +108,8 @@ def _schema_problem(tool: Tool, value: dict[str, Any], limits: SchemaLimits) -> 
         )
     try:
         error = compiled.first_error(value)
-    except Unresolvable as exc:
-        reference = getattr(exc, "ref", None) or str(exc)
+    except UnresolvedReference as exc:
+        reference = exc.ref
         return Problem(
             Reason.INVALID_TOOL_SCHEMA,
             f"calls {tool.name!r}, whose parameters ({where}) refer to {reference!r}, which does not "

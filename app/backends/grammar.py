@@ -24,8 +24,6 @@ does not load llama.cpp (``local`` configures the process before it does).
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import re
 from collections.abc import Sequence
@@ -174,27 +172,29 @@ class _Converter:
     """llama.cpp's JSON-schema converter, shared by all tools of one grammar.
 
     Each tool's rules are named after its position (``tool0-...``), including the rules
-    made for ``$ref`` targets, which the converter would otherwise share between tools by
-    their last path segment.
+    made for ``$ref`` targets: the converter names such a rule after the reference's last
+    path segment, so each tool's references are first given targets of their own
+    (:func:`_own_references`), and tools never share a rule by a name they both use.
     """
 
     def __init__(self) -> None:
-        self._converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        from llama_cpp.llama_grammar import SchemaConverter  # loads llama.cpp: on first use only
+
+        self._converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self._repeats = RepeatBudget()  # one for every tool of the grammar
 
     def arguments_rule(self, tool: ToolSpec, index: int) -> str:
         """The name of the rule for ``tool``'s arguments object."""
-        schema = copy.deepcopy(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
-        converter = self._converter
-        converter.prefix = f"tool{index}"
+        schema = tool.parameters or {"type": "object", "properties": {}}
+        prefix = f"tool{index}"
         try:
             if not isinstance(schema, dict) or schema.get("type", "object") != "object":
                 raise ValueError("the parameters must be a JSON schema of type 'object'")
             too_many = self._repeats.spend(schema)
             if too_many is not None:
                 raise ValueError(too_many)
-            resolved = converter.resolve_refs(schema, f"tool{index}")
-            return str(converter.visit(resolved, f"tool{index}"))
+            resolved = self._converter.resolve_refs(_own_references(schema, prefix), prefix)
+            return str(self._converter.visit(resolved, prefix))
         except Exception as exc:  # the converter raises assorted errors (assertions included)
             raise InvalidRequest(
                 f"The local model cannot enforce the parameters schema of tool '{tool.name}': "
@@ -206,21 +206,49 @@ class _Converter:
         return strict_json_strings(str(self._converter.format_grammar()))
 
 
-@functools.cache
-def _converter_class() -> type:
-    """The converter, with per-tool names for ``$ref`` rules. Imported on first use, so
-    that importing this module does not load llama.cpp."""
-    from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, SchemaConverter
+def _own_references(schema: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A copy of ``schema`` whose every ``$ref`` points at a target of its own, named
+    ``<prefix>-ref-<last segment of the reference>`` (a number added when two references
+    of the schema end alike) and kept under a key of the root. Only references within
+    the document (``#/...``) are supported, as by the converter; ``ValueError`` for any
+    other, or for one that points at nothing."""
+    from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE  # what a rule name cannot hold
 
-    class Converter(SchemaConverter):  # type: ignore[misc]
-        prefix = ""
+    home = f"${prefix}-refs"
+    while home in schema:
+        home += "-"
+    names: dict[str, str] = {}
+    targets: dict[str, Any] = {}
 
-        def _resolve_ref(self, ref: str) -> str:
-            ref_name = INVALID_RULE_CHARS_RE.sub("-", f"{self.prefix}-ref-{ref.split('/')[-1]}")
-            if ref_name not in self._rules and ref not in self._refs_being_resolved:
-                self._refs_being_resolved.add(ref)
-                ref_name = self.visit(self._refs[ref], ref_name)
-                self._refs_being_resolved.remove(ref)
-            return ref_name
+    def target(reference: str) -> str:
+        if reference not in names:
+            if not reference.startswith("#/"):
+                raise ValueError(f"Unsupported ref {reference}")
+            node: Any = schema
+            for key in reference[2:].split("/"):
+                if not isinstance(node, dict) or key not in node:
+                    raise ValueError(f"Error resolving ref {reference}: {key} not in {node}")
+                node = node[key]
+            base = f"{prefix}-ref-{INVALID_RULE_CHARS_RE.sub('-', reference.split('/')[-1])}"
+            name, count = base, 1
+            while name in targets:
+                count += 1
+                name = f"{base}-{count}"
+            names[reference] = name
+            targets[name] = None  # taken before its content is copied: it may refer to itself
+            targets[name] = copied(node)
+        return f"#/{home}/{names[reference]}"
 
-    return Converter
+    def copied(node: Any) -> Any:
+        if isinstance(node, list):
+            return [copied(value) for value in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: copied(value) for key, value in node.items()}
+        if isinstance(node.get("$ref"), str):
+            out["$ref"] = target(node["$ref"])
+        return out
+
+    own = copied(schema)
+    own[home] = targets
+    return own

@@ -233,9 +233,11 @@ class _Walk:
         if envelope is not None:
             return Finding(index, param, _item_kind(item), Reason.CHAT_COMPLETIONS_ENVELOPE, envelope)
         kind = item.get("type")
-        if _is_output(item):
+        if not isinstance(kind, str):
+            return None
+        if kind in OUTPUTS:
             return self.check_output(index, param, item, kind)
-        if isinstance(kind, str) and kind in ("function_call", "custom_tool_call"):
+        if kind in OUTPUTS.values():
             problem = self.call_problem(item)
             return as_finding(
                 index, param, kind, problem, f"This {kind}",

@@ -1,5 +1,7 @@
 """JSON Schema, compiled once for every user: the replay gate, the strict ``text.format``
-check and the embedded model's grammar conversion.
+check and the strict tools' arguments check. This is the one module that compiles a
+schema (and the only one that knows the ``jsonschema`` library); the embedded model's
+grammar conversion (:mod:`app.backends.grammar`) only ever sees a schema admitted here.
 
 A schema from a request is *admitted* here before anything uses it. Admission checks, in
 this order, and reports the first problem as a sentence (:class:`Compiled.problem`):
@@ -22,6 +24,10 @@ canonical JSON (an LRU), so the same tool definition sent with every turn of an 
 compiled once. Compiling and validating are CPU work: the engine runs them in a worker
 thread, never on the event loop; with RE2 no pattern runs longer than linear time in its
 input, so a thread is never held hostage either.
+
+A ``$ref`` inside the document that points at nothing is not an admission problem: it
+is found when validation reaches it, and :meth:`Compiled.first_error` then raises
+:class:`UnresolvedReference`.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import re2
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError, best_match
 from referencing import Registry
-from referencing.exceptions import NoSuchResource
+from referencing.exceptions import NoSuchResource, Unresolvable
 
 DEFAULT_MAX_SCHEMA_BYTES = 256 * 1024
 DEFAULT_MAX_SCHEMA_DEPTH = 64
@@ -53,6 +59,15 @@ class SchemaLimits:
     max_depth: int = DEFAULT_MAX_SCHEMA_DEPTH
 
 
+class UnresolvedReference(Exception):
+    """A reference of the schema that resolves to nothing (``#/$defs/missing``), met
+    while validating; ``ref`` is the reference as the resolver saw it."""
+
+    def __init__(self, ref: str) -> None:
+        super().__init__(ref)
+        self.ref = ref
+
+
 @dataclass(frozen=True, slots=True)
 class Compiled:
     """A schema as admitted: its validator, or the sentence that says why it has none."""
@@ -64,9 +79,14 @@ class Compiled:
 
     def first_error(self, instance: Any) -> ValidationError | None:
         """The most relevant way ``instance`` fails the schema, or ``None`` when it
-        matches. Raises ``RecursionError`` for an instance nested beyond Python's stack."""
+        matches. Raises ``UnresolvedReference`` when validation meets a reference that
+        resolves to nothing, ``RecursionError`` for an instance nested beyond Python's
+        stack."""
         assert self.validator is not None, "a schema with a problem validates nothing"
-        return best_match(self.validator.iter_errors(instance))
+        try:
+            return best_match(self.validator.iter_errors(instance))
+        except Unresolvable as exc:
+            raise UnresolvedReference(getattr(exc, "ref", None) or str(exc)) from exc
 
 
 def canonical(schema: Any) -> str:

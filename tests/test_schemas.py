@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.schemas import SchemaLimits, admitted, compile_schema
+from app.schemas import SchemaLimits, UnresolvedReference, admitted, compile_schema
 
 
 def nested(depth: int) -> dict[str, object]:
@@ -39,6 +39,15 @@ def test_local_references_resolve() -> None:
     compiled = compile_schema({"$defs": {"n": {"type": "integer"}}, "properties": {"a": {"$ref": "#/$defs/n"}}})
     assert compiled.problem is None
     assert compiled.first_error({"a": "x"}) is not None and compiled.first_error({"a": 2}) is None
+
+
+def test_a_local_reference_to_nothing_is_reported_when_validation_meets_it() -> None:
+    compiled = compile_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    assert compiled.problem is None
+    assert compiled.first_error({}) is None
+    with pytest.raises(UnresolvedReference) as raised:
+        compiled.first_error({"a": 1})
+    assert "missing" in raised.value.ref
 
 
 def test_a_ref_inside_data_keywords_is_data() -> None:

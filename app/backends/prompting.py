@@ -1,5 +1,4 @@
-"""What a local model sees: the conversation rendered with the GGUF's own chat template,
-and the grammar that constrains its output.
+"""What a local model sees: the conversation rendered with the GGUF's own chat template.
 
 The templates are Hugging Face style Jinja templates stored in the GGUF metadata. They
 expect OpenAI-shaped chat messages, with some quirks that this module absorbs:
@@ -18,6 +17,9 @@ cache) does not depend on the policy. What may be called is enforced on the outp
 short description of the tools goes into the system message. When tools or tool results
 are present, the system message also asks the model to answer from tool results (small
 models otherwise tend to repeat the call).
+
+The grammar that constrains the output is built by :mod:`app.backends.grammar`;
+``output_grammar`` and ``JSON_CHAR_RULE`` are re-exported here (see ``__all__``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,16 @@ from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolSpec
+from app.backends.base import ChatMessage, ToolCall, ToolSpec
+from app.backends.grammar import JSON_CHAR_RULE, output_grammar
 from app.errors import InvalidRequest, ModelError
+
+__all__ = [
+    "DEFAULT_SYSTEM", "TOOL_RESULT_HINT", "ChatTemplate", "prompt_messages", "template_messages", "template_tools",
+    "tool_instructions", "unicode_text",
+    # the output's grammar, defined in grammar
+    "JSON_CHAR_RULE", "output_grammar",
+]
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -133,99 +143,6 @@ class ChatTemplate:
             raise ModelError(f"The model's chat template failed to render: {exc}") from exc
 
 
-def output_grammar(output_format: OutputFormat) -> str | None:
-    """The GBNF grammar that enforces ``output_format``, or ``None`` for free text.
-
-    Raises ``InvalidRequest`` (``param="text.format.schema"``) for a JSON schema that
-    llama.cpp's converter cannot turn into a grammar, instead of generating unconstrained.
-    The converter is imported on first use, so that importing this module does not load
-    llama.cpp (``local`` configures the process before it does).
-    """
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
-    if output_format.kind == "text":
-        return None
-    if output_format.kind == "json_object" or output_format.schema is None:
-        return JSON_GBNF
-    too_many = RepeatBudget().spend(output_format.schema)
-    if too_many is not None:
-        raise unsupported_schema(too_many)
-    try:
-        return strict_json_strings(json_schema_to_gbnf(json.dumps(output_format.schema)))
-    except Exception as exc:  # the converter raises assorted errors (assertions included)
-        raise unsupported_schema(str(exc)) from exc
-
-
-JSON_CHAR_RULE = (r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | '
-                  r'"u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])')
-"""A character of a JSON string: raw control characters excluded, as JSON requires."""
-
-
-def strict_json_strings(grammar: str) -> str:
-    """``grammar`` (from llama.cpp's JSON-schema converter) with its ``char`` rule replaced
-    by ``JSON_CHAR_RULE``: the converter's own lets raw control characters (a newline)
-    into strings, and the output would not parse as JSON."""
-    return "\n".join(JSON_CHAR_RULE if line.startswith("char ::= ") else line for line in grammar.splitlines())
-
-
-MAX_GRAMMAR_REPEAT = 1_000
-"""The largest count a grammar enforces: a string's ``minLength``/``maxLength``, an
-array's ``minItems``/``maxItems``, a ``{m,n}`` repetition in a ``pattern``.
-llama-cpp-python's converter spells ``maxLength: n`` as ``n`` nested optional groups:
-llama.cpp's grammar parser accepts 1,000 levels, refuses 1,500 to 10,000, and at about
-20,000 overflows its stack, which kills the process (measured: ``maxLength`` 1,000, 3,000
-and 30,000 against SmolLM2's vocabulary). A count of 10**9 would first build a grammar of
-gigabytes. So counts are checked before a schema is converted."""
-
-MAX_GRAMMAR_REPEATS = 100_000
-"""All the counts of one grammar together (every tool of it): its size grows with their
-sum, about 8 bytes per counted character or item."""
-
-_COUNTS = frozenset({"minLength", "maxLength", "minItems", "maxItems"})
-_QUANTIFIER = re.compile(r"\{(\d+)(?:,(\d*))?\}")
-
-
-class RepeatBudget:
-    """What the grammars of one request may repeat (see :data:`MAX_GRAMMAR_REPEAT`)."""
-
-    def __init__(self) -> None:
-        self.spent = 0
-
-    def spend(self, schema: Any) -> str | None:
-        """Count ``schema``'s repetitions; why it asks for more than a grammar can hold,
-        or ``None``."""
-        stack = [schema]
-        while stack:
-            node = stack.pop()
-            if isinstance(node, list):
-                stack.extend(node)
-                continue
-            if not isinstance(node, dict):
-                continue
-            for key, value in node.items():
-                if key in _COUNTS and isinstance(value, int) and not isinstance(value, bool):
-                    counts = [value]
-                elif key == "pattern" and isinstance(value, str):
-                    counts = [_count(digits) for match in _QUANTIFIER.finditer(value) for digits in match.groups()
-                              if digits]
-                else:
-                    stack.append(value)
-                    continue
-                for count in counts:
-                    if count > MAX_GRAMMAR_REPEAT:
-                        return (f"{key} asks for {'more than 1,000,000' if count > 1_000_000 else f'{count:,}'} "
-                                f"repetitions; a grammar enforces at most {MAX_GRAMMAR_REPEAT:,}")
-                    self.spent += count
-        if self.spent > MAX_GRAMMAR_REPEATS:
-            return (f"its lengths, item counts and pattern repetitions add up to {self.spent:,}; "
-                    f"a grammar enforces at most {MAX_GRAMMAR_REPEATS:,} in all")
-        return None
-
-
-def _count(digits: str) -> int:
-    return int(digits) if len(digits) <= 7 else 10**7  # never parse an endless number
-
-
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -239,13 +156,6 @@ def unicode_text(text: str) -> str:
     except UnicodeEncodeError:
         return _LONE_SURROGATE.sub("\ufffd", text)
     return text
-
-
-def unsupported_schema(reason: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"The local model cannot enforce this JSON schema: {reason or 'unsupported construct'}",
-        param="text.format.schema",
-    )
 
 
 class _ConversationRejected(Exception):

@@ -1,8 +1,9 @@
 """Tool calls on the embedded backend: the model's written calls parsed into
-``ToolCallDelta``s, and the grammar that forces a call when one is required.
+``ToolCallDelta``s.
 
-The local models have no tool-call channel: a call is text the model writes. Three
-shapes are recognised, each holding one JSON object ``{"name": ..., "arguments": {...}}``:
+The local models have no tool-call channel: a call is text the model writes
+(:mod:`app.backends.call_syntax`). Three shapes are recognised, each holding one JSON
+object ``{"name": ..., "arguments": {...}}``:
 
 * ``<tool_call>{...}</tool_call>``: the tags of templates with a tools section (Qwen);
   anywhere in the answer, also after some prose;
@@ -30,11 +31,12 @@ dropped call remains the answer; if that is nothing, the answer is empty. Whites
 between a kept call and the text around it is left out; of the whitespace around a
 dropped call, only what came before it is kept.
 
-**When a call is required** the grammar below lets the model write calls only, so any
-text the parser is left with at the end is a call cut short (by ``max_output_tokens``).
-Once its name is written it is emitted as that call with its arguments as far as they
-got (possibly unfinished JSON): the engine then closes it ``incomplete`` with the
-response (``app.engine.tools``). Anything shorter is dropped and logged, not shown.
+**When a call is required** the forcing grammar (:mod:`app.backends.grammar`) lets the
+model write calls only, so any text the parser is left with at the end is a call cut
+short (by ``max_output_tokens``). Once its name is written it is emitted as that call
+with its arguments as far as they got (possibly unfinished JSON): the engine then closes
+it ``incomplete`` with the response (``app.engine.tools``). Anything shorter is dropped
+and logged, not shown.
 
 **When nothing can be called** (``tool_choice: none``, no tools, or structured output
 forced by ``text.format`` while no call is required) the parser passes all text through.
@@ -47,40 +49,33 @@ shows it is no call object); and trailing whitespace, until it is known not to p
 a call. At the end of generation a block whose object is complete but whose closing tag
 or fence is missing still counts as a call; any other held text is released as text.
 
-**Forcing a call.** For ``tool_choice: required``, a named function, or ``allowed_tools``
-with mode ``required``, ``tool_call_grammar`` builds a GBNF grammar (arguments follow each
-allowed tool's ``parameters`` through llama.cpp's JSON-schema conversion) that lets the
-model write only calls to allowed tools, in its native shape: tagged calls for a template
-with a tools section, bare objects otherwise. Several calls are allowed when the policy
-permits, up to ``MAX_FORCED_CALLS``, except when a single tool is allowed: that is how a
-named function arrives, and a named function is called exactly once. Under ``auto``
-generation is free and the parser alone enforces the policy.
+The call syntax and the forcing grammar are re-exported here (see ``__all__``): the
+embedded backend takes every name of its tool calls from this module.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import logging
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import Delta, GenerationRequest, TextDelta, ToolCallDelta, ToolPolicy, ToolSpec
+from app.backends.base import Delta, GenerationRequest, TextDelta, ToolCallDelta, ToolPolicy
+from app.backends.call_syntax import FENCE, FENCE_LABELS, TAG_CLOSE, TAG_OPEN, CallShape, call_shape
+from app.backends.grammar import MAX_FORCED_CALLS, tool_call_grammar
 from app.backends.model_files import ModelSpec
-from app.backends.prompting import RepeatBudget, strict_json_strings
-from app.errors import InvalidRequest
+
+__all__ = [
+    # the parser, this module's own
+    "ToolCallParser", "tool_call_parser",
+    # how calls are written and forced, defined in call_syntax and grammar
+    "FENCE", "FENCE_LABELS", "MAX_FORCED_CALLS", "TAG_CLOSE", "TAG_OPEN", "CallShape", "call_shape",
+    "tool_call_grammar",
+]
 
 log = logging.getLogger("ors.tools")
-
-TAG_OPEN = "<tool_call>"
-TAG_CLOSE = "</tool_call>"
-FENCE = "```"
-FENCE_LABELS = ("", "json", "tool_call")
-MAX_FORCED_CALLS = 8
-"""Calls a forcing grammar allows when the policy sets no lower limit."""
 
 _WAIT = object()
 _LABEL_CHARS = re.compile(r"[A-Za-z_]*")
@@ -364,116 +359,3 @@ def _merged(deltas: list[Delta]) -> list[Delta]:
         else:
             merged.append(delta)
     return merged
-
-
-@dataclass(frozen=True, slots=True)
-class CallShape:
-    """How a model writes a call natively, as GBNF expressions around the JSON object."""
-
-    open: str = ""
-    close: str = ""
-    separator: str = r'"\n"'
-
-
-def call_shape(template_renders_tools: bool, tag_tokens: tuple[int, int] | None = None) -> CallShape:
-    """Tagged calls for a template with a tools section (as the vocabulary's single tag
-    tokens when it has them), bare JSON objects otherwise."""
-    if not template_renders_tools:
-        return CallShape()
-    if tag_tokens is not None:
-        return CallShape(open=rf'<[{tag_tokens[0]}]> "\n"', close=rf'"\n" <[{tag_tokens[1]}]>')
-    return CallShape(open=_literal(TAG_OPEN + "\n"), close=_literal("\n" + TAG_CLOSE))
-
-
-def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape) -> str | None:
-    """The GBNF grammar that forces calls to allowed tools; ``None`` unless one is required.
-
-    Raises ``InvalidRequest`` (``param="tools[i].parameters"``) for a parameters schema
-    that llama.cpp's converter cannot turn into a grammar, and (``param="tool_choice"``)
-    when the policy allows none of the tools.
-    """
-    if policy.mode != "required":
-        return None
-    converter = _Converter()
-    alternatives: list[str] = []
-    seen: set[str] = set()
-    for index, tool in enumerate(tools):
-        if tool.name in seen or not policy.may_call(tool.name):
-            continue
-        seen.add(tool.name)
-        arguments = converter.arguments_rule(tool, index)
-        prefix = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
-        alternatives.append(f'{_literal(prefix)} {arguments} "}}"')
-    if not alternatives:
-        raise InvalidRequest("tool_choice requires a call, but allows none of the tools given.", param="tool_choice")
-    limits = [MAX_FORCED_CALLS] + ([policy.max_calls] if policy.max_calls is not None else [])
-    named = policy.allowed is not None and len(set(policy.allowed)) == 1
-    count = max(1, min(limits)) if policy.parallel and not named else 1
-    block = " ".join(part for part in (shape.open, "tool-call", shape.close) if part)
-    more = f" ( {shape.separator} tool-call-block ){{0,{count - 1}}}" if count > 1 else ""
-    rules = [
-        f"root ::= tool-call-block{more}",
-        f"tool-call-block ::= {block}",
-        "tool-call ::= " + " | ".join(alternatives),
-    ]
-    return "\n".join([*rules, converter.format_grammar()])
-
-
-def _literal(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
-
-
-class _Converter:
-    """llama.cpp's JSON-schema converter, shared by all tools of one grammar.
-
-    Each tool's rules are named after its position (``tool0-...``), including the rules
-    made for ``$ref`` targets, which the converter would otherwise share between tools by
-    their last path segment.
-    """
-
-    def __init__(self) -> None:
-        self._converter = _converter_class()(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
-        self._repeats = RepeatBudget()  # one for every tool of the grammar
-
-    def arguments_rule(self, tool: ToolSpec, index: int) -> str:
-        """The name of the rule for ``tool``'s arguments object."""
-        schema = copy.deepcopy(tool.parameters) if tool.parameters else {"type": "object", "properties": {}}
-        converter = self._converter
-        converter.prefix = f"tool{index}"
-        try:
-            if not isinstance(schema, dict) or schema.get("type", "object") != "object":
-                raise ValueError("the parameters must be a JSON schema of type 'object'")
-            too_many = self._repeats.spend(schema)
-            if too_many is not None:
-                raise ValueError(too_many)
-            resolved = converter.resolve_refs(schema, f"tool{index}")
-            return str(converter.visit(resolved, f"tool{index}"))
-        except Exception as exc:  # the converter raises assorted errors (assertions included)
-            raise InvalidRequest(
-                f"The local model cannot enforce the parameters schema of tool '{tool.name}': "
-                f"{exc or 'unsupported construct'}",
-                param=f"tools[{index}].parameters",
-            ) from exc
-
-    def format_grammar(self) -> str:
-        return strict_json_strings(str(self._converter.format_grammar()))
-
-
-@functools.cache
-def _converter_class() -> type:
-    """The converter, with per-tool names for ``$ref`` rules. Imported on first use, so
-    that importing this module does not load llama.cpp."""
-    from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, SchemaConverter
-
-    class Converter(SchemaConverter):  # type: ignore[misc]
-        prefix = ""
-
-        def _resolve_ref(self, ref: str) -> str:
-            ref_name = INVALID_RULE_CHARS_RE.sub("-", f"{self.prefix}-ref-{ref.split('/')[-1]}")
-            if ref_name not in self._rules and ref not in self._refs_being_resolved:
-                self._refs_being_resolved.add(ref)
-                ref_name = self.visit(self._refs[ref], ref_name)
-                self._refs_being_resolved.remove(ref)
-            return ref_name
-
-    return Converter

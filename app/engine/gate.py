@@ -59,22 +59,30 @@ replayed call is context, and an answered one is judged through its output.
 
 Findings come in order: the tools', then one per checked item in document order. The
 work is linear in the number of items; compiled validators are cached by schema.
+
+**The parts.** This module walks the items and finds the call each output answers;
+:mod:`~app.engine.gate_tools` holds the tools by the name a call uses (and checks the
+request's own), :mod:`~app.engine.gate_calls` checks one call against its tool,
+:mod:`~app.engine.gate_envelopes` recognises Chat Completions shapes, and
+:mod:`~app.engine.gate_findings` holds the reasons and findings all of them report
+(which ``ors gate`` prints).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Literal
 
-from referencing.exceptions import Unresolvable
-
+from app.engine.gate_calls import call_problem
+from app.engine.gate_envelopes import chat_envelope
+from app.engine.gate_findings import CHAIN, Finding, Problem, Reason, as_finding, kind_of, show
+from app.engine.gate_tools import Toolbox
 from app.errors import InvalidRequest
-from app.protocol.tools import CUSTOM_INPUT, custom_parameters, qualified_name
-from app.schemas import SchemaLimits, compile_schema
+from app.schemas import SchemaLimits
+
+__all__ = ["OUTPUTS", "Finding", "Reason", "UnknownToolPolicy", "check_items", "gate", "is_namespaced"]
 
 JSON = Mapping[str, Any]
 UnknownToolPolicy = Literal["accept", "reject"]
@@ -83,65 +91,6 @@ log = logging.getLogger("ors.gate")
 
 OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
 """Each kind of output item, and the kind of call it answers."""
-
-
-def _is_output(item: Mapping[str, Any]) -> bool:
-    kind = item.get("type")
-    return isinstance(kind, str) and kind in OUTPUTS
-
-CHAIN = "in the previous_response_id chain"
-"""Where a call found in ``history`` is said to be."""
-
-_MAX_SHOWN = 300
-
-
-class Reason(StrEnum):
-    """The finding codes; a failing request's error ``code`` is one of these."""
-
-    OK = "ok"
-    NOT_AN_ITEM = "not_an_item"
-    CHAT_COMPLETIONS_ENVELOPE = "chat_completions_envelope"
-    INVALID_TOOL_SCHEMA = "invalid_tool_schema"
-    DUPLICATE_TOOL_NAME = "duplicate_tool_name"
-    CALL_ID = "call_id"
-    DUPLICATE_OUTPUT = "duplicate_output"
-    NAMESPACED = "namespaced"
-    NOT_FUNCTION_CALL = "not_function_call"
-    STATUS = "status"
-    ARGUMENTS_TYPE = "arguments_type"
-    ARGUMENTS_PARSE = "arguments_parse"
-    UNKNOWN_TOOL = "unknown_tool"
-    ARGUMENTS_SCHEMA = "arguments_schema"
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """The verdict on one item (or one tool).
-
-    ``index`` is the item's position in ``items`` (``None`` for a tool); ``param`` the
-    path an error reports (``input[3]``, ``tools[0].parameters``); ``kind`` the item's
-    ``type`` (``message`` for a typeless message, ``item`` for a non-object, ``tool``);
-    ``reason`` a ``Reason``, ``ok`` when it passes; ``message`` says what is wrong and
-    how to fix it (empty on a pass); ``call_id`` and ``name`` (the function, on calls
-    and tools) when known. ``blocking`` is false for a failure that does not reject a
-    request (a replayed ``function_call``'s own checks).
-    """
-
-    index: int | None
-    param: str
-    kind: str
-    reason: str
-    message: str = ""
-    call_id: str | None = None
-    name: str | None = None
-    blocking: bool = True
-    undefined_tool: bool = False
-    """An ``unknown_tool`` failure of a well-formed call: the unknown-tool policy decides
-    whether it blocks (see the module docstring)."""
-
-    @property
-    def ok(self) -> bool:
-        return self.reason == Reason.OK
 
 
 def is_namespaced(item: object) -> bool:
@@ -192,7 +141,7 @@ def check_items(
     ``unknown_tool``: whether an output answering a call of an undefined tool blocks.
     ``schema_limits``: the size and depth a tool's ``parameters`` may have
     (:mod:`app.schemas` compiles them)."""
-    toolbox = _Toolbox(tools, history_tools, schema_limits)
+    toolbox = Toolbox(tools, history_tools, schema_limits)
     if not isinstance(items, list | tuple):  # a string, or not items at all: validation says why
         return list(toolbox.findings)
     items = list(items)
@@ -201,107 +150,7 @@ def check_items(
     return [*toolbox.findings, *walk.findings()]
 
 
-# ---------------------------------------------------------------- tools and schemas
-
-
-@dataclass(frozen=True, slots=True)
-class _Tool:
-    name: str
-    parameters: Any
-    param: str | None
-    """``tools[i].parameters`` for a tool of this request, ``None`` for one of the chain."""
-
-
-class _Toolbox:
-    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any], limits: SchemaLimits) -> None:
-        self.limits = limits
-        self.by_name: dict[str, _Tool] = {}
-        for tool, _ in _functions(history_tools, "tools"):
-            if (name := _function_name(tool)) is not None:
-                self.by_name[name] = _Tool(name, tool.get("parameters"), None)
-        self.findings: list[Finding] = []
-        own: dict[str, _Tool] = {}
-        first_at: dict[str, str] = {}
-        for tool, path in _functions(tools, "tools"):
-            name = _function_name(tool)
-            if name is None:
-                continue
-            if name in own:  # a call by this name could mean either: refused, not guessed
-                self.findings.append(Finding(
-                    None, f"{path}.name", "tool", Reason.DUPLICATE_TOOL_NAME,
-                    f"Tool names must be unique: {name!r} is also the name of {first_at[name]}. "
-                    "Rename or remove one of them.", name=name))
-                continue
-            first_at[name] = path
-            custom = tool.get("type") == "custom"
-            param = f"{path}.format.definition" if custom else f"{path}.parameters"
-            own[name] = _Tool(name, tool.get("parameters"), param)
-            problem = self.schema_error(own[name], self.limits)
-            if problem is not None:
-                what = (f"The regex format of custom tool {name!r} cannot be used" if custom
-                        else f"The parameters of function {name!r} cannot be used as a JSON Schema (Draft 2020-12)")
-                self.findings.append(
-                    Finding(None, param, "tool", Reason.INVALID_TOOL_SCHEMA, f"{what}: {problem}. Fix it.", name=name)
-                )
-        self.by_name.update(own)
-
-    @staticmethod
-    def schema_error(tool: _Tool, limits: SchemaLimits) -> str | None:
-        if tool.parameters is None:
-            return None
-        return compile_schema(tool.parameters, limits).problem
-
-
-def _functions(tools: Iterable[Any], path: str) -> Iterable[tuple[Any, str]]:
-    """Each entry of ``tools`` with its path, a ``namespace`` tool's functions in its
-    place, each carrying the namespace (as an echoed namespaced function does), and a
-    ``custom`` tool as the function of one string a model is offered (its ``regex``
-    format the string's pattern; a ``lark`` one is not offered, so not here either)."""
-    for index, tool in enumerate(tools):
-        if isinstance(tool, Mapping) and tool.get("type") == "custom":
-            fmt = tool.get("format")
-            fmt = fmt if isinstance(fmt, Mapping) else {}
-            if fmt.get("type") == "grammar" and fmt.get("syntax") == "lark":
-                continue
-            regex = fmt.get("definition") if fmt.get("type") == "grammar" else None
-            yield ({"type": "custom", "name": tool.get("name"),
-                    "parameters": custom_parameters(regex if isinstance(regex, str) else None)}, f"{path}[{index}]")
-            continue
-        if isinstance(tool, Mapping) and tool.get("type") == "namespace":
-            group, inner = tool.get("name"), tool.get("tools")
-            if isinstance(group, str) and isinstance(inner, list):
-                for position, function in enumerate(inner):
-                    if isinstance(function, Mapping):
-                        yield {**function, "namespace": group}, f"{path}[{index}].tools[{position}]"
-            continue
-        yield tool, f"{path}[{index}]"
-
-
-def _function_name(tool: Any) -> str | None:
-    """The name a function tool is called by: its flat name when it has a namespace."""
-    if not isinstance(tool, Mapping) or tool.get("type", "function") not in ("function", "custom"):
-        return None
-    return _called_name(tool)
-
-
-def _called_name(item: Mapping[str, Any]) -> str | None:
-    """``name``, qualified by ``namespace`` when the tool or call carries one."""
-    name, namespace = item.get("name"), item.get("namespace")
-    if not isinstance(name, str):
-        return None
-    return qualified_name(namespace, name) if isinstance(namespace, str) else name
-
-
 # ---------------------------------------------------------------- the walk
-
-
-@dataclass(frozen=True, slots=True)
-class _Problem:
-    reason: Reason
-    text: str
-    """A sentence that follows the subject (``The function_call ... has status ...``)."""
-    undefined_tool: bool = False
-    """The call is well formed but names a tool nothing defines (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +163,7 @@ class _Walk:
     """One pass over ``items``, indexing calls by ``call_id`` as it goes."""
 
     def __init__(
-        self, items: list[Any], paths: list[str], history: Iterable[JSON], toolbox: _Toolbox,
+        self, items: list[Any], paths: list[str], history: Iterable[JSON], toolbox: Toolbox,
         *, block_unknown_tool: bool,
     ) -> None:
         self.items = items
@@ -330,7 +179,7 @@ class _Walk:
                 self.later_calls.setdefault(call_id, index)
         self.seen_calls: dict[str, int] = {}
         self.answered: dict[str, int] = {}
-        self.call_problems: dict[int, _Problem | None] = {}
+        self.call_problems: dict[int, Problem | None] = {}
 
     @property
     def chain_calls(self) -> dict[str, JSON]:
@@ -377,18 +226,20 @@ class _Walk:
         if not isinstance(item, Mapping):
             return Finding(
                 index, param, "item", Reason.NOT_AN_ITEM,
-                f"This input entry is {_kind_of(item)}, not an item. Each item is a JSON object with a "
+                f"This input entry is {kind_of(item)}, not an item. Each item is a JSON object with a "
                 'type, e.g. {"type": "message", "role": "user", "content": "Hello"}.',
             )
-        envelope = _chat_envelope(item)
+        envelope = chat_envelope(item)
         if envelope is not None:
             return Finding(index, param, _item_kind(item), Reason.CHAT_COMPLETIONS_ENVELOPE, envelope)
         kind = item.get("type")
-        if _is_output(item):
+        if not isinstance(kind, str):
+            return None
+        if kind in OUTPUTS:
             return self.check_output(index, param, item, kind)
-        if isinstance(kind, str) and kind in ("function_call", "custom_tool_call"):
+        if kind in OUTPUTS.values():
             problem = self.call_problem(item)
-            return _finding(
+            return as_finding(
                 index, param, kind, problem, f"This {kind}",
                 call_id=_call_id(item), name=_text_or_none(item.get("name")), blocking=False,
             )
@@ -403,7 +254,7 @@ class _Walk:
         call_id = _call_id(item)
         if call_id is None:
             value = item.get("call_id")
-            what = "has no call_id" if value is None else f"has a call_id that is {_kind_of(value)}"
+            what = "has no call_id" if value is None else f"has a call_id that is {kind_of(value)}"
             return failure(
                 index, param, Reason.CALL_ID,
                 f"This {output} {what}. Set call_id to the call_id of the {call} it answers.",
@@ -443,13 +294,13 @@ class _Walk:
         if kind is not None and (not isinstance(kind, str) or ":" in kind):
             return failure(
                 index, param, Reason.NAMESPACED,
-                f"The item with call_id {call_id!r} ({called.where}) has type {_show(kind)}: a vendor "
+                f"The item with call_id {call_id!r} ({called.where}) has type {show(kind)}: a vendor "
                 f"extension, not a portable {call}, and a {output} answers only a "
                 f"{call}. Remove this output, or answer the call in its vendor's own format.",
                 call_id,
             )
         if kind != call:
-            shown = "no type" if kind is None else f"type {_show(kind)}"
+            shown = "no type" if kind is None else f"type {show(kind)}"
             return failure(
                 index, param, Reason.NOT_FUNCTION_CALL,
                 f"The item with call_id {call_id!r} ({called.where}) has {shown}, not a {call}; "
@@ -459,7 +310,7 @@ class _Walk:
             )
         problem = self.call_problem(called.item)
         blocking = problem is None or not problem.undefined_tool or self.block_unknown_tool
-        return _finding(index, param, output, problem, subject, call_id=call_id, blocking=blocking)
+        return as_finding(index, param, output, problem, subject, call_id=call_id, blocking=blocking)
 
     def find_call(self, call_id: str) -> _Located | None:
         if call_id in self.seen_calls:
@@ -469,162 +320,11 @@ class _Walk:
             return _Located(self.chain_calls[call_id], CHAIN)
         return None
 
-    def call_problem(self, call: JSON) -> _Problem | None:
+    def call_problem(self, call: JSON) -> Problem | None:
         key = id(call)
         if key not in self.call_problems:
-            self.call_problems[key] = _call_problem(call, self.toolbox)
+            self.call_problems[key] = call_problem(call, self.toolbox)
         return self.call_problems[key]
-
-
-def _finding(
-    index: int, param: str, kind: str, problem: _Problem | None, subject: str,
-    *, call_id: str | None, name: str | None = None, blocking: bool = True,
-) -> Finding:
-    if problem is None:
-        return Finding(index, param, kind, Reason.OK, call_id=call_id, name=name, blocking=blocking)
-    return Finding(index, param, kind, problem.reason, f"{subject} {problem.text}", call_id, name, blocking,
-                   problem.undefined_tool)
-
-
-# ---------------------------------------------------------------- checks of one call
-
-
-def _call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
-    """The call checks from ``status`` to ``arguments_schema``, first failure wins."""
-    status = call.get("status")
-    if status is not None and status != "completed":
-        return _Problem(
-            Reason.STATUS,
-            f"has status {_show(status)}, not 'completed': an unfinished call may carry truncated "
-            "arguments and must never be answered. Drop the call and its output, and let the model "
-            "call the tool again.",
-        )
-    if call.get("type") == "custom_tool_call":
-        return _custom_call_problem(call, toolbox)
-    arguments = call.get("arguments")
-    if not isinstance(arguments, str):
-        what = "no arguments" if arguments is None else f"arguments that are {_kind_of(arguments)}"
-        return _Problem(
-            Reason.ARGUMENTS_TYPE,
-            f"has {what}, not a string. Send arguments as a string of JSON, exactly as the model "
-            'produced it (e.g. "{\\"city\\": \\"Paris\\"}").',
-        )
-    try:
-        value = json.loads(arguments, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
-        detail = (
-            f"{exc.msg} at line {exc.lineno} column {exc.colno}"
-            if isinstance(exc, json.JSONDecodeError)
-            else str(exc) or "nested too deeply"
-        )
-        return _Problem(
-            Reason.ARGUMENTS_PARSE,
-            f"has arguments that are not valid JSON ({detail}). Send the arguments exactly as the "
-            "model produced them: a JSON object encoded as a string.",
-        )
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        return _Problem(Reason.UNKNOWN_TOOL, "names no function. Set name to the function that was called.")
-    if not isinstance(value, dict):
-        return _Problem(
-            Reason.ARGUMENTS_SCHEMA,
-            f"has arguments that encode {_kind_of(value)}; function arguments are always a JSON "
-            "object of named parameters. Send an object, e.g. \"{}\" when there are none.",
-        )
-    tool = toolbox.by_name.get(_called_name(call) or name)
-    if tool is None:
-        return _Problem(
-            Reason.UNKNOWN_TOOL,
-            f"calls {name!r}, which is defined neither in this request's tools nor by the responses "
-            f"{CHAIN}, so its arguments cannot be checked. Add the function's definition to tools.",
-            undefined_tool=True,
-        )
-    return _schema_problem(tool, value, toolbox.limits)
-
-
-def _custom_call_problem(call: JSON, toolbox: _Toolbox) -> _Problem | None:
-    """A custom tool's call: its ``input`` is a string and, when the tool is defined,
-    matches the tool's format (checked as the one-string schema a model is offered)."""
-    text = call.get("input")
-    if not isinstance(text, str):
-        return _Problem(Reason.ARGUMENTS_TYPE, f"has an input that is {_kind_of(text)}, not a string. "
-                        "Send the input exactly as the model produced it.")
-    name = call.get("name")
-    if not isinstance(name, str) or not name:
-        return _Problem(Reason.UNKNOWN_TOOL, "names no tool. Set name to the custom tool that was called.")
-    tool = toolbox.by_name.get(name)
-    if tool is None:
-        return _Problem(Reason.UNKNOWN_TOOL, f"calls {name!r}, which is not a custom tool of this request, so "
-                        "its input cannot be checked. Add the tool to tools.", undefined_tool=True)
-    return _schema_problem(tool, {CUSTOM_INPUT: text}, toolbox.limits)
-
-
-def _schema_problem(tool: _Tool, value: dict[str, Any], limits: SchemaLimits) -> _Problem | None:
-    if tool.parameters is None:
-        return None
-    where = tool.param or f"as offered {CHAIN}"
-    compiled = compile_schema(tool.parameters, limits)
-    if compiled.validator is None:
-        return _Problem(
-            Reason.INVALID_TOOL_SCHEMA,
-            f"calls {tool.name!r}, whose parameters ({where}) are not a valid JSON Schema, so its "
-            f"arguments cannot be checked: {compiled.problem}. Fix the schema.",
-        )
-    try:
-        error = compiled.first_error(value)
-    except Unresolvable as exc:
-        reference = getattr(exc, "ref", None) or str(exc)
-        return _Problem(
-            Reason.INVALID_TOOL_SCHEMA,
-            f"calls {tool.name!r}, whose parameters ({where}) refer to {reference!r}, which does not "
-            "resolve: remote references are never fetched. Put the definition under $defs and refer "
-            "to it as '#/$defs/...'.",
-        )
-    except RecursionError:
-        return _Problem(
-            Reason.ARGUMENTS_SCHEMA,
-            f"has arguments nested too deeply to check against the parameters of {tool.name!r}.",
-        )
-    if error is None:
-        return None
-    return _Problem(
-        Reason.ARGUMENTS_SCHEMA,
-        f"has arguments that do not match the parameters of {tool.name!r}: {error.json_path}: "
-        f"{_clip(error.message)}. Fix the arguments (or the tool's parameters, if the schema is wrong).",
-    )
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-# ---------------------------------------------------------------- Chat Completions shapes
-
-_CALL_SHAPE = '{"type": "function_call", "call_id": <id>, "name": <function.name>, "arguments": <function.arguments>}'
-_OUTPUT_SHAPE = '{"type": "function_call_output", "call_id": <tool_call_id>, "output": <content>}'
-
-
-def _chat_envelope(item: JSON) -> str | None:
-    """Why ``item`` is a Chat Completions shape, with its Responses equivalent, or ``None``."""
-    kind = item.get("type")
-    if kind in (None, "message"):
-        role = item.get("role")
-        if isinstance(item.get("tool_calls"), list):
-            return (
-                "This is a Chat Completions assistant message with tool_calls, which Responses does not "
-                f"have. Send each tool call as its own function_call item after the message: {_CALL_SHAPE}."
-            )
-        if role in ("tool", "function"):
-            return (
-                f"A message with role {role!r} is a Chat Completions tool result. In Responses, a tool "
-                f"result is a function_call_output item: {_OUTPUT_SHAPE}."
-            )
-    if kind in ("function", "function_call") and isinstance(item.get("function"), Mapping):
-        return (
-            'This is a Chat Completions tool call ({"type": "function", "function": {...}}). In '
-            f"Responses, a tool call is a flat function_call item: {_CALL_SHAPE}."
-        )
-    return None
 
 
 # ---------------------------------------------------------------- small helpers
@@ -648,25 +348,6 @@ def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _kind_of(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    return type(value).__name__
-
-
-def _show(value: Any) -> str:
-    return _clip(repr(value) if isinstance(value, str) else json.dumps(value, default=str))
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_SHOWN else text[: _MAX_SHOWN - 1] + "…"
+def _is_output(item: Mapping[str, Any]) -> bool:
+    kind = item.get("type")
+    return isinstance(kind, str) and kind in OUTPUTS

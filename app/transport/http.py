@@ -1,11 +1,11 @@
 """The HTTP and WebSocket API, mounted on the app: one FastAPI router per concept.
 
-* :mod:`app.transport.health`: ``/healthz``, ``/readyz``, ``GET /v1/models``;
 * :mod:`app.transport.create`: ``POST /v1/responses`` (JSON, SSE, background);
 * :mod:`app.transport.lifecycle`: retrieve, delete and cancel a response, its input items;
 * :mod:`app.transport.compact`, :mod:`app.transport.input_tokens`: the superset endpoints
   under ``/v1/responses/``;
-* :mod:`app.transport.websocket`: the WebSocket transport on ``/v1/responses``.
+* :mod:`app.transport.websocket`: the WebSocket transport on ``/v1/responses``;
+* :mod:`app.transport.health`: ``/healthz``, ``/readyz``, ``GET /v1/models``.
 
 Every route goes through FastAPI's router and its dependencies
 (:mod:`app.transport.deps`); every error leaves through the one mapping of
@@ -25,5 +25,5 @@ def install_routes(app: FastAPI) -> None:
     shutdown by ``app.state.drain`` (:mod:`app.transport.sse`)."""
     app.state.stream_options = StreamOptions.from_settings(app.state.settings)
     leave_shutdown_to_the_drain()
-    for module in (health, create, lifecycle, compact, input_tokens, websocket):
+    for module in (create, lifecycle, compact, input_tokens, websocket, health):
         app.include_router(module.router)

@@ -89,8 +89,9 @@ def _ping() -> ServerSentEvent:
 class EventStream(EventSourceResponse):
     """sse-starlette's response with the framing above. A stream whose client stopped
     reading (:class:`SendTimeoutError`) is logged and ends there: its body has been
-    closed (the turn ended as a client leaving ends it), and the server drops the
-    connection, as for any response an application leaves unfinished."""
+    closed (the turn ended as a client leaving ends it), and uvicorn closes the
+    connection, as for any response an application leaves unfinished (it logs that too:
+    no further write could reach that client)."""
 
     def __init__(self, body: AsyncIterator[bytes], options: StreamOptions,
                  background: BackgroundTask | None = None) -> None:

@@ -162,9 +162,16 @@ class Settings(BaseSettings):
     response is over; a body that would pass it is 429 ``server_busy`` with
     ``Retry-After: 1``. At least ``ORS_MAX_BODY_BYTES``; ``0`` for no bound."""
     request_read_timeout: float = Field(default=30.0, ge=0)
-    """Seconds a client has to begin a new connection's first request and to complete a
-    request's headers, and may go silent while sending its body; past it the connection
-    is closed (slow and stalled clients hold no connection). ``0``: no limit."""
+    """Seconds a client may go silent while sending a request's body; past it the request
+    is answered 408 ``request_timeout`` and the connection closed. 0: no limit. A client
+    slow to send its headers is the reverse proxy's to bound (README, "Behind a reverse
+    proxy")."""
+    sse_ping_seconds: float = Field(default=15.0, ge=0)
+    """Seconds of silence in a stream (SSE) after which a keep-alive comment (``: ping``) is
+    sent, so that proxies and clients do not time out an idle stream. 0: no pings."""
+    sse_send_timeout: float = Field(default=30.0, ge=0)
+    """Seconds one write of a stream (SSE) may wait for a client that reads nothing; past
+    it the stream ends as if the client had left (``incomplete``). 0: no limit."""
     ws_max_queued_frames: int = Field(default=4, ge=0)
     """``response.create`` frames that may wait behind a WebSocket connection's running
     turn; one more is dropped and answered at once with an error envelope (429

@@ -8,6 +8,7 @@
      ├── Forbidden                403  invalid_request   (host_not_allowed, origin_not_allowed)
      ├── NotFound                 404  not_found
      │    └── ModelNotFound              code model_not_found
+     ├── RequestTimeout           408  invalid_request, code request_timeout
      ├── PayloadTooLarge          413  invalid_request, code request_too_large
      ├── UnsupportedMediaType     415  invalid_request, code unsupported_media_type
      ├── TooManyRequests          429  too_many_requests
@@ -84,6 +85,14 @@ class Forbidden(ORSError):
 
     status = 403
     type = "invalid_request"
+
+
+class RequestTimeout(ORSError):
+    """The client went silent while sending its request's body."""
+
+    status = 408
+    type = "invalid_request"
+    default_code = "request_timeout"
 
 
 class PayloadTooLarge(ORSError):

@@ -270,6 +270,7 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
         allowed_origins=settings.allowed_origins,
         max_body_bytes=settings.max_body_bytes,
         bodies=app.state.bodies,
+        read_timeout=settings.request_read_timeout,
     )
     if settings.allowed_origins:
         app.add_middleware(

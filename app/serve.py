@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import signal
 from collections.abc import Iterator
 from types import FrameType
@@ -14,17 +13,19 @@ import uvicorn
 from app import logs
 from app.config import Settings
 from app.transport.drain import Drain
-from app.transport.receipt import ReceiptDeadlineProtocol
+
+HTTP_IMPLEMENTATION = "h11"
+"""uvicorn's HTTP/1.1 implementation. h11 frames a body of unknown length (a stream) as
+HTTP/1.0 allows, by closing the connection after it, when the client speaks HTTP/1.0;
+httptools would send it chunked, which an HTTP/1.0 client cannot read."""
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:
     """uvicorn options that come from the settings: the largest WebSocket message is the
-    largest request body (a bigger one closes the connection with 1009), and each request
-    must arrive within ``ORS_REQUEST_READ_TIMEOUT`` (:mod:`app.transport.receipt`)."""
-    return {
-        "ws_max_size": settings.max_body_bytes,
-        "http": functools.partial(ReceiptDeadlineProtocol, read_timeout=settings.request_read_timeout),
-    }
+    largest request body (a bigger one closes the connection with 1009). What uvicorn
+    does not bound (how long a client may take to send its request's headers) is the
+    reverse proxy's to bound (README, "Behind a reverse proxy")."""
+    return {"ws_max_size": settings.max_body_bytes, "http": HTTP_IMPLEMENTATION}
 
 
 def drain_on_exit_signals(drain: Drain) -> None:

@@ -18,7 +18,7 @@ from app.engine.limits import check_counts
 from app.engine.sealing import Sealer
 from app.engine.validation import parse_body
 from app.protocol.compaction import CompactBody
-from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for
+from app.transport.deps import EngineDep, LimiterDep, TenantDep, history_for
 
 router = APIRouter()
 

@@ -29,6 +29,8 @@ def error_response(error: ORSError) -> JSONResponse:
     headers = None
     if error.status == 401:
         headers = {"WWW-Authenticate": "Bearer"}
+    elif error.status == 408:  # the rest of the body may never come: the connection ends here
+        headers = {"Connection": "close"}
     elif error.retry_after is not None:
         headers = {"Retry-After": str(error.retry_after)}
     return JSONResponse(error.body(), status_code=error.status, headers=headers)

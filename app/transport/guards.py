@@ -42,24 +42,35 @@ In order, each refusal an :mod:`app.errors` error rendered by
    the server hold 1.6 GB of raw bodies at once, and several times that once parsed: a
    few more clients, and the kernel ends the process and every stream it serves.
 
+6. **Body receipt** (``ORS_REQUEST_READ_TIMEOUT``): while a request's body is still
+   coming, each read of it waits at most this long; a client silent for longer is
+   answered 408 ``request_timeout`` and its connection closed, so a client that declares
+   a body and stops sending it holds no request. A slow body that keeps coming is read
+   as long as it comes. (The time a client takes to send its headers is not seen by the
+   app: the reverse proxy bounds it, README "Behind a reverse proxy".)
+
 Cost on the hot path: one pass over the header list and a few byte comparisons; the
-receive channel is wrapped only for a chunked body.
+receive channel is wrapped only for a request with a body.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from app.errors import Forbidden, ORSError, PayloadTooLarge, TooManyRequests, UnsupportedMediaType
+from app.errors import Forbidden, ORSError, PayloadTooLarge, RequestTimeout, TooManyRequests, UnsupportedMediaType
 from app.transport.errors import error_response
+
+log = logging.getLogger("ors.http")
 
 LOOPBACK_NAMES = frozenset({b"localhost", b"127.0.0.1", b"[::1]"})
 _JSON = b"application/json"
@@ -95,7 +106,8 @@ def _origin(value: str) -> bytes:
 
 class Guards:
     """The middleware. ``bind_host`` is the address the server listens on (the Host
-    check applies only to loopback binds); ``allowed_origins`` may hold ``*``."""
+    check applies only to loopback binds); ``allowed_origins`` may hold ``*``;
+    ``read_timeout`` in seconds, 0 for none."""
 
     def __init__(
         self,
@@ -106,8 +118,10 @@ class Guards:
         allowed_origins: Iterable[str],
         max_body_bytes: int,
         bodies: BodyBudget | None = None,
+        read_timeout: float = 0,
     ) -> None:
         self.app = app
+        self.read_timeout = read_timeout
         self.bodies = bodies if bodies is not None else BodyBudget(0)
         self.check_host = is_loopback(bind_host)
         self.hosts = LOOPBACK_NAMES | {name.strip().lower().encode("idna") for name in allowed_hosts if name.strip()}
@@ -160,11 +174,38 @@ class Guards:
                 await error_response(self.bodies.full())(scope, receive, send)
                 return
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, self._in_time(scope, receive), send)
             finally:
                 self.bodies.give_back(size)
             return
-        await self._counted(scope, receive, send)
+        await self._counted(scope, self._in_time(scope, receive), send)
+
+    def _in_time(self, scope: Scope, receive: Receive) -> Receive:
+        """``receive``, each read of the body bounded by :attr:`read_timeout` until the
+        body is complete (then as it is: waiting for the client to leave is not reading)."""
+        timeout = self.read_timeout
+        if not timeout:
+            return receive
+        complete = False
+
+        async def receive_in_time() -> Message:
+            nonlocal complete
+            if complete:
+                return await receive()
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await receive()
+            except TimeoutError:
+                client = scope.get("client")
+                log.warning("%sa request's body went silent for more than %gs: answered 408",
+                            f"{client[0]}:{client[1]} - " if client else "", timeout)
+                raise RequestTimeout(
+                    f"The request's body stopped coming for more than {timeout:g} seconds (ORS_REQUEST_READ_TIMEOUT)."
+                ) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        return receive_in_time
 
     async def _counted(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.max_body_bytes

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.engine.body_decoding import decode_body
-from app.transport.http import EngineDep, LimiterDep, TenantDep, history_for
+from app.transport.deps import EngineDep, LimiterDep, TenantDep, history_for
 
 router = APIRouter()
 

@@ -1,6 +1,6 @@
 """HTTP/1.0 clients get a stream unframed, ended by the server closing the connection
-(``app.transport.close_delimited``); HTTP/1.1 clients keep chunked streams and kept-alive
-connections. Through the real server (``ors serve`` in front of the benchmark's stub
+(uvicorn's h11 implementation, ``app.serve``); HTTP/1.1 clients keep chunked streams and
+kept-alive connections. Through the real server (``ors serve`` in front of the benchmark's stub
 upstream), on raw sockets, so that the bytes on the wire are what is checked."""
 
 from __future__ import annotations

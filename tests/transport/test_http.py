@@ -1,4 +1,4 @@
-"""``POST /v1/responses`` answered as JSON (``app.transport.http``) through the real server:
+"""``POST /v1/responses`` answered as JSON (``app.transport.create``) through the real server:
 a client that leaves before the answer stops the generation, the request ends without an
 error, and the server goes on serving."""
 

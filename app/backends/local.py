@@ -74,7 +74,8 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import DEFAULT_CHUNK, HANG_SECONDS, LlamaServer, ServerOptions, ServerState, find_binary
+from app.backends.llama_process import DEFAULT_CHUNK, ServerOptions, find_binary
+from app.backends.llama_server import HANG_SECONDS, LlamaServer, ServerState
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
 from app.backends.prompting import output_grammar, unicode_text

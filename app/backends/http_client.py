@@ -63,7 +63,12 @@ class Pool:
 
 
 class TlsFilesError(ValueError):
-    """A CA bundle, client certificate or key that cannot be used; the message names the file."""
+    """A CA bundle, client certificate or key that cannot be used; the message names the
+    file, ``field`` which of the three it is."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,26 +85,27 @@ class TlsFiles:
         """The TLS context of these files, on top of httpx's default (which honours
         ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``). Raises :class:`TlsFilesError`."""
         if self.client_key is not None and self.client_cert is None:
-            raise TlsFilesError(f"a client key ({self.client_key}) needs its client certificate")
+            raise TlsFilesError(f"a client key ({self.client_key}) needs its client_cert", "client_key")
         if self.ca_bundle is not None:
-            _readable(self.ca_bundle, "CA bundle")
+            _readable(self.ca_bundle, "CA bundle", "ca_bundle")
             try:
                 context = ssl.create_default_context(cafile=str(self.ca_bundle))
             except (ssl.SSLError, ValueError) as exc:
-                raise TlsFilesError(f"the CA bundle {self.ca_bundle} holds no usable PEM certificate: {exc}") from None
+                raise TlsFilesError(f"the CA bundle {self.ca_bundle} holds no usable PEM certificate: {exc}",
+                                    "ca_bundle") from None
         else:
             context = httpx.create_ssl_context(trust_env=True)
         if self.client_cert is not None:
-            _readable(self.client_cert, "client certificate")
+            _readable(self.client_cert, "client certificate", "client_cert")
             if self.client_key is not None:
-                _readable(self.client_key, "client key")
+                _readable(self.client_key, "client key", "client_key")
             key = None if self.client_key is None else str(self.client_key)
             try:
                 context.load_cert_chain(str(self.client_cert), key, password=_no_password)
             except (ssl.SSLError, _PasswordNeeded) as exc:
-                files = f"{self.client_cert}" + (f" and {self.client_key}" if self.client_key is not None else "")
+                files = f"{self.client_cert}" + (f" and {self.client_key}" if key is not None else "")
                 raise TlsFilesError(f"the client certificate and key in {files} cannot be used (a PEM certificate "
-                                    f"and its unencrypted private key are needed): {exc}") from None
+                                    f"and its unencrypted private key are needed): {exc}", "client_cert") from None
         return context
 
 
@@ -113,12 +119,12 @@ def _no_password() -> str:
     raise _PasswordNeeded
 
 
-def _readable(path: Path, what: str) -> None:
+def _readable(path: Path, what: str, field: str) -> None:
     try:
         with path.open("rb"):
             pass
     except OSError as exc:
-        raise TlsFilesError(f"the {what} {path} cannot be read: {exc.strerror or exc}") from None
+        raise TlsFilesError(f"the {what} {path} cannot be read: {exc.strerror or exc}", field) from None
 
 
 def check_headers(headers: Mapping[str, str]) -> None:

@@ -45,18 +45,21 @@ class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_error
     every pooled connection stayed in use     ``TooManyRequests`` ``server_busy``
     a read or write timeout, ``TimeoutError``  ``ModelError`` ``upstream_timeout``
     the connection ended or broke             ``ModelError`` ``upstream_disconnected``
-    bytes that are not an HTTP answer          ``ModelError`` ``upstream_error``
+    a head that is not an HTTP answer's        ``ModelError`` ``upstream_error``
     ========================================  ==========================================
 
-    (A class, not a generator: entered on every upstream request.)"""
+    Once the caller has set :attr:`answered` (the answer's head arrived), a body httpx
+    cannot read is a broken connection too. (A class, not a generator: entered on every
+    upstream request.)"""
 
-    __slots__ = ("url",)
+    __slots__ = ("url", "answered")
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.answered = False
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> upstream_errors:
+        return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, (httpx.HTTPError, TimeoutError, OSError)):
@@ -72,7 +75,7 @@ class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_error
         if isinstance(exc, (TimeoutError, httpx.TimeoutException)):
             logger.warning("the upstream at %s timed out: %r", url, exc)
             raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-        if _broken(exc):
+        if _broken(exc) or (self.answered and isinstance(exc, httpx.RemoteProtocolError)):
             logger.warning("the connection to the upstream at %s broke: %r", url, exc)
             raise ModelError(
                 "The connection to the upstream model server broke before the model finished.",
@@ -84,8 +87,8 @@ class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_error
 
 def _broken(exc: BaseException) -> bool:
     """Whether the connection ended or broke (as opposed to an upstream that sent
-    something that is not an HTTP answer: httpx says "disconnected" or "closed" when an
-    answer's bytes stopped coming, and names what it could not parse otherwise)."""
+    something that is not an HTTP answer: httpx says "disconnected" or "closed" when the
+    connection ended, and names what it could not parse otherwise)."""
     if isinstance(exc, httpx.RemoteProtocolError):
         message = str(exc).lower()
         return "disconnected" in message or "closed" in message

@@ -152,8 +152,9 @@ class HttpUpstream(Backend):
         for attempt in (1, 2):
             current = decoder()
             try:
-                with upstream_errors(url):
+                with upstream_errors(url) as errors:
                     async with self._http().stream("POST", relative, content=body, headers=headers) as answer:
+                        errors.answered = True
                         if not answer.is_success:
                             raise refused(answer.status_code, await _first_bytes(answer, ERROR_BODY_LIMIT), url)
                         if answer.headers.get("content-type", "").startswith("application/json"):

@@ -22,7 +22,8 @@ from app.backends.base import (
     ToolCallDelta,
     ToolSpec,
 )
-from app.backends.local import LocalBackend, PlainTextParser
+from app.backends.local import LocalBackend
+from app.backends.local_completion import PlainTextParser
 from app.backends.model_files import ModelFiles, ModelSpec
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, TooManyRequests
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import ssl
 import statistics
 import time
 from collections.abc import Sequence
@@ -78,10 +79,10 @@ class Exchange:
         return json.loads(self.body)
 
 
-def client(port: int, connections: int | None) -> httpx.AsyncClient:
+def client(port: int, connections: int | None, *, verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
     """A client of ``127.0.0.1:port`` holding at most ``connections`` connections (kept
     alive), never through a proxy."""
-    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=None,
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=None, verify=verify,
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
@@ -216,10 +217,17 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
             samples.append((time.perf_counter() - started, family_rss_mib(pid)))
             await asyncio.sleep(0.1)
 
+    tls = httpx.create_ssl_context()  # made once: a client's own would load the trusted certificates each time
+
+    async def one() -> Exchange:
+        # a client of its own for each stream: httpcore's pool looks at each of its
+        # connections on every request and every close, which one pool of a thousand
+        # connections would pay a million times over in this process
+        async with client(port, 1, verify=tls) as http:
+            return await send(http, request, RESPONSES_PROBE, keep_body=True, timeout=hold_s + 120)
+
     sampler = asyncio.create_task(sample())
-    async with client(port, None) as http:  # a connection of its own for each stream
-        exchanges = await asyncio.gather(*(send(http, request, RESPONSES_PROBE, keep_body=True,
-                                                timeout=hold_s + 120) for _ in range(count)))
+    exchanges = await asyncio.gather(*(one() for _ in range(count)))
     wall = time.perf_counter() - started
     done.set()
     await sampler

@@ -207,9 +207,9 @@ class LlamaServer:
         """``process`` exited. Unless it was stopped (or a restart is under way, which
         finds out by itself), start it again. Idempotent: :meth:`ready` calls it too when
         it finds the process gone before its pidfd was read."""
+        process.unwatch()
         if process is not self.process:
             return
-        process.unwatch()
         if self.state is not ServerState.RUNNING:
             return
         ran = time.monotonic() - process.started_at

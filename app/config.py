@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.backends.http_client import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_KEEPALIVE, DEFAULT_POOL_WAIT
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
 from app.engine.limits import (
     DEFAULT_MAX_INPUT_ITEMS,
@@ -83,6 +84,20 @@ class Settings(BaseSettings):
     upstream_models: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Comma-separated allow-list of upstream model ids: if set, only these are routed
     upstream (others are ``model_not_found``)."""
+    upstream_max_connections: int = Field(default=DEFAULT_MAX_CONNECTIONS, ge=1)
+    """Connections each upstream's pool may hold open at once (in use or idle; through a
+    proxy, per proxy). A streamed response holds one for its whole life, so this is how
+    many responses an upstream may be generating at once for this process; one more waits
+    for a connection (see ``upstream_pool_timeout``)."""
+    upstream_max_keepalive: int = Field(default=DEFAULT_MAX_KEEPALIVE, ge=0)
+    """Idle connections each upstream's pool keeps for reuse (for 4 s at most, less than
+    the 5 s after which common servers close them). At least the requests usually in
+    flight, or connections are opened again and again."""
+    upstream_pool_timeout: float = Field(default=DEFAULT_POOL_WAIT, gt=0)
+    """Seconds a request may wait for a connection when all of an upstream's
+    ``upstream_max_connections`` are in use: it goes on as soon as one is free (waiting
+    is graceful, first come first served); past this it is 429 ``server_busy`` with
+    ``Retry-After``."""
     config: Path | None = None
     """A TOML file of named upstreams (Chat Completions or native Responses), each with
     its base URL, key, wire API, exact model ids, id prefixes and dialect options (see

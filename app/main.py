@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.backends.base import Backend
+from app.backends.http_client import Pool
 from app.config import Settings
 from app.engine.engine import Engine
 from app.engine.history import HistoryCache
@@ -102,10 +103,12 @@ def upstream_routes(settings: Settings) -> list[Route]:
     if settings.upstream_url:
         key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         specs.append(shortcut_upstream(settings.upstream_url, key, settings.upstream_models))
+    pool = Pool(max_connections=settings.upstream_max_connections, max_keepalive=settings.upstream_max_keepalive,
+                wait=settings.upstream_pool_timeout)
     return [
         Route(
             name=spec.name,
-            backend=upstream_backend(spec),
+            backend=upstream_backend(spec, pool),
             models=spec.models,
             prefixes=spec.prefixes,
             strip_prefix=spec.strip_prefix,
@@ -115,16 +118,19 @@ def upstream_routes(settings: Settings) -> list[Route]:
     ]
 
 
-def upstream_backend(spec: UpstreamSpec) -> Backend:
-    """The adapter of an upstream's wire API, with its dialect options."""
+def upstream_backend(spec: UpstreamSpec, pool: Pool = Pool()) -> Backend:
+    """The adapter of an upstream's wire API, with its dialect options, its TLS files and
+    the bounds of its connection pool."""
     options = dataclasses.asdict(spec.dialect)
     if spec.wire_api == "responses":
         from app.backends.responses_upstream import ResponsesUpstreamBackend
 
-        return ResponsesUpstreamBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, **options)
+        return ResponsesUpstreamBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, pool=pool,
+                                        tls=spec.tls, **options)
     from app.backends.chat_completions import ChatCompletionsBackend
 
-    return ChatCompletionsBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, **options)
+    return ChatCompletionsBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, pool=pool, tls=spec.tls,
+                                  **options)
 
 
 def _preload(settings: Settings) -> list[str]:

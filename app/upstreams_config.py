@@ -11,6 +11,9 @@ The file is TOML, read with the standard library's ``tomllib`` and validated str
     prefixes = ["alpha/"]      # ids starting with one of these
     strip_prefix = true        # alpha/llama3 reaches the upstream as llama3 (the default)
     list_models = false        # /v1/models also lists what the upstream's GET /models says
+    ca_bundle = "ca.pem"       # https only: trust these CAs for it (PEM), not the system's
+    client_cert = "ors.pem"    # https only: a client certificate (mutual TLS), and its
+    client_key = "ors.key"     # unencrypted key unless client_cert holds it too
     [upstreams.alpha.dialect]
     replay_reasoning = true    # the wire adapter's dialect options, by their names in code
 
@@ -19,6 +22,9 @@ The dialect options are those of the adapter the ``wire_api`` selects
 :class:`~app.backends.responses_upstream.ResponsesDialect`); any other name is refused.
 An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
 routes every id nothing else claims. Routing precedence is :mod:`app.engine.models`'.
+The TLS files' paths are relative to the file's directory; they are read at load (a file
+that is missing, unreadable, not PEM, or an encrypted key, stops the load), and apply to
+an ``https`` base URL only.
 
 ``ORS_UPSTREAM_URL`` (with ``ORS_UPSTREAM_API_KEY`` and ``ORS_UPSTREAM_MODELS``) stays the
 one-upstream shortcut: a Chat Completions upstream named ``upstream`` that takes the ids
@@ -45,6 +51,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from app.backends.chat_completions import ChatDialect
+from app.backends.http_client import TlsFiles, TlsFilesError
 from app.backends.responses_upstream import ResponsesDialect
 
 WireApi = Literal["chat", "responses"]
@@ -74,6 +81,9 @@ class UpstreamEntry(_Strict):
     prefixes: list[str] = Field(default_factory=list)
     strip_prefix: bool = True
     list_models: bool = False
+    ca_bundle: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
     dialect: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("base_url")
@@ -112,6 +122,8 @@ class UpstreamSpec:
     prefixes: tuple[str, ...] = ()
     strip_prefix: bool = True
     list_models: bool = False
+    tls: TlsFiles | None = None
+    """The upstream's own CA bundle and client certificate, checked at load."""
 
 
 def load_upstreams(path: Path, environ: typing.Mapping[str, str] | None = None) -> list[UpstreamSpec]:
@@ -134,11 +146,12 @@ def load_upstreams(path: Path, environ: typing.Mapping[str, str] | None = None) 
         field = f"upstreams.{name}"
         if not _NAME.match(name):
             raise UpstreamsConfigError(f"{where}: {field}: an upstream name is 1-64 letters, digits, '_', '.' or '-'")
-        specs.append(_spec(name, entry, environ, f"{where}: {field}"))
+        specs.append(_spec(name, entry, environ, f"{where}: {field}", path.parent))
     return specs
 
 
-def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], where: str) -> UpstreamSpec:
+def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], where: str,
+          directory: Path) -> UpstreamSpec:
     if not entry.models and not entry.prefixes:
         raise UpstreamsConfigError(f"{where}: routes nothing: give 'models' (exact ids) or 'prefixes' "
                                    "(the empty prefix \"\" routes every id nothing else claims)")
@@ -160,7 +173,26 @@ def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], wh
         prefixes=tuple(entry.prefixes),
         strip_prefix=entry.strip_prefix,
         list_models=entry.list_models,
+        tls=_tls(entry, directory, where),
     )
+
+
+def _tls(entry: UpstreamEntry, directory: Path, where: str) -> TlsFiles | None:
+    """The entry's TLS files (relative to ``directory``), each read and checked now."""
+    named = {"ca_bundle": entry.ca_bundle, "client_cert": entry.client_cert, "client_key": entry.client_key}
+    given = [field for field, value in named.items() if value is not None]
+    if not given:
+        return None
+    if not entry.base_url.lower().startswith("https:"):
+        raise UpstreamsConfigError(f"{where}.{given[0]}: TLS files apply to an https base_url only, "
+                                   f"and this one is {entry.base_url!r}")
+    files = TlsFiles(**{field: directory / Path(value).expanduser() if value is not None else None  # absolute stays
+                        for field, value in named.items()})
+    try:
+        files.context()
+    except TlsFilesError as exc:
+        raise UpstreamsConfigError(f"{where}.{exc.field}: {exc}") from None
+    return files
 
 
 def _dialect(wire_api: WireApi, options: dict[str, Any], where: str) -> Dialect:

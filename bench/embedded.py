@@ -43,7 +43,8 @@ from typing import Any
 import httpx
 
 from app.backends.base import ChatMessage
-from app.backends.llama_server import LlamaServer, ServerOptions, find_binary
+from app.backends.llama_process import ServerOptions, find_binary
+from app.backends.llama_server import LlamaServer
 from app.backends.local import DEFAULT_PARALLEL
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.vocabulary import Vocabulary

@@ -2,7 +2,8 @@
 reference measured beside ors in the proxy benchmark.
 
 A raw ASGI app (no framework) on the same uvicorn (httptools, uvloop), in front of the
-same upstream with the same HTTP client (``app.backends.http1``, one kept-alive pool). ``POST
+same upstream with the same HTTP client (httpx, made as ors makes it:
+:func:`app.backends.http_client.upstream_client`, one kept-alive pool). ``POST
 /v1/responses`` reads the body, decodes its JSON, sends the upstream one Chat Completions
 request made of its ``model`` and text ``input`` (``stream`` as asked), and passes the
 upstream's answer back as it comes: the completion as it is, or its SSE chunks one by
@@ -20,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from app.backends.http1 import Client
+from app.backends.http_client import upstream_client
 from bench.stub import JSON_HEADERS, MODELS_BODY, SSE_HEADERS, StubProcess, _body, _send
 
 
@@ -32,9 +32,7 @@ class Floor:
     """The ASGI application, forwarding to ``upstream`` (a Chat Completions base URL)."""
 
     def __init__(self, upstream: str) -> None:
-        url = urllib.parse.urlsplit(upstream.rstrip("/"))
-        self.target = url.path + "/chat/completions"
-        self.client = Client(f"{url.scheme}://{url.netloc}", connect=5.0, read=600.0, keepalive=4.0)
+        self.client = upstream_client(upstream.rstrip("/"))
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -61,12 +59,13 @@ class Floor:
         if stream:
             chat["stream_options"] = {"include_usage": True}
         body = json.dumps(chat).encode()
-        async with self.client.request("POST", self.target, body, b"Content-Type: application/json\r\n") as answer:
+        async with self.client.stream("POST", "chat/completions", content=body,
+                                      headers={"Content-Type": "application/json"}) as answer:
             if not stream:
-                await _send(send, answer.status, JSON_HEADERS, await answer.read())
+                await _send(send, answer.status_code, JSON_HEADERS, await answer.aread())
                 return
-            await send({"type": "http.response.start", "status": answer.status, "headers": SSE_HEADERS})
-            async for chunk in answer.chunks():
+            await send({"type": "http.response.start", "status": answer.status_code, "headers": SSE_HEADERS})
+            async for chunk in answer.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
 

@@ -4,7 +4,7 @@ One run starts the stub upstream of :mod:`bench.stub` and ``ors serve`` (a real 
 its defaults, a fresh SQLite store, the stub as ``ORS_UPSTREAM_URL`` and its model as the
 default model, so no embedded model is loaded) and the floor of :mod:`bench.floor` in
 front of the same stub, then measures four targets over loopback with the same client
-(:mod:`bench.wire`, whose own cost cancels in the differences):
+(httpx, :mod:`bench.proxy_load`, whose own cost cancels in the differences):
 
 * ``direct``: the stub's ``POST /v1/chat/completions`` (``stream`` as the format asks);
 * ``stored``: ors's ``POST /v1/responses``, ``store: true``;
@@ -52,9 +52,8 @@ from typing import Any
 from bench import proxy_report
 from bench.floor import FloorProcess
 from bench.procfs import children_named
-from bench.proxy_load import Samples, Target, block, chain, open_streams
+from bench.proxy_load import CHAT_PROBE, RESPONSES_PROBE, Request, Samples, Target, block, chain, open_streams, post
 from bench.stub import MODEL, StubProcess, hold_model
-from bench.wire import CHAT_PROBE, RESPONSES_PROBE, post
 from tests.live import ServerProcess, free_port
 
 FORMATS = ("json", "sse")
@@ -80,14 +79,14 @@ QUICK = Plan(rounds=2, latency_requests=40, throughput_requests=128, streams=200
 
 def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int,
              floor: FloorProcess | None = None) -> list[Target]:
-    def chat(stream: bool) -> bytes:
+    def chat(stream: bool) -> Request:
         body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": stream}
         if stream:
             body["stream_options"] = {"include_usage": True}
-        return post(stub_port, "/v1/chat/completions", body)
+        return post("/v1/chat/completions", body)
 
-    def responses(store: bool, stream: bool) -> bytes:
-        return post(ors_port, "/v1/responses", {"model": MODEL, "input": "Hi", "store": store, "stream": stream})
+    def responses(store: bool, stream: bool) -> Request:
+        return post("/v1/responses", {"model": MODEL, "input": "Hi", "store": store, "stream": stream})
 
     targets = [
         Target("direct", stub_port, stub_pid, {"json": chat(False), "sse": chat(True)}, CHAT_PROBE),
@@ -97,8 +96,8 @@ def _targets(stub_port: int, stub_pid: int, ors_port: int, ors_pid: int,
                RESPONSES_PROBE),
     ]
     if floor is not None and floor.process is not None:
-        def forwarded(stream: bool) -> bytes:
-            return post(floor.port, "/v1/responses", {"model": MODEL, "input": "Hi", "store": False, "stream": stream})
+        def forwarded(stream: bool) -> Request:
+            return post("/v1/responses", {"model": MODEL, "input": "Hi", "store": False, "stream": stream})
 
         # it passes the stub's chunks through: they are read as the stub's are
         targets.append(Target("floor", floor.port, floor.process.pid,

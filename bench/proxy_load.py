@@ -1,21 +1,118 @@
 """The load of the proxy benchmark: blocks of requests at a fixed concurrency, 1,000 streams
 held open at once, and a ``previous_response_id`` chain.
 
-Each function drives real servers over loopback with :mod:`bench.wire` and returns plain
-figures; :mod:`bench.proxy` decides what runs where, :mod:`bench.proxy_report` what they mean.
+Each function drives real servers over loopback with httpx and returns plain figures;
+:mod:`bench.proxy` decides what runs where, :mod:`bench.proxy_report` what they mean. Each
+request is timed from the moment it is sent: its first byte (the answer's head), its
+first text (a :class:`Probe` pattern, looked for in each piece of the body as it arrives)
+and its end. The client is the same for every target, so its own cost cancels in the
+differences.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import ssl
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
 
 from bench.procfs import family_cpu_seconds, family_rss_mib
-from bench.wire import CHAT_PROBE, RESPONSES_PROBE, Connection, Exchange, Probe, post
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What marks the first text of an answer, and the end of a stream (a terminal event;
+    a JSON answer has none: it is complete when its body is)."""
+
+    text: re.Pattern[bytes]
+    terminal: re.Pattern[bytes]
+
+
+RESPONSES_PROBE = Probe(re.compile(rb"event: response\.output_text\.delta\n"),
+                        re.compile(rb"event: response\.(?:completed|failed|incomplete)\n"))
+"""``POST /v1/responses``: an ``output_text`` delta; a terminal event."""
+CHAT_PROBE = Probe(re.compile(rb'"content":"[^"]'), re.compile(rb"data: \[DONE\]"))
+"""``POST /chat/completions``: a chunk (or completion) with content; ``[DONE]``."""
+_OVERLAP = 64
+"""Bytes of the previous piece searched again with the next (a marker may straddle two)."""
+_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A ``POST`` of a JSON body, encoded once."""
+
+    path: str
+    body: bytes
+
+
+def post(path: str, body: dict[str, Any]) -> Request:
+    return Request(path, json.dumps(body, separators=(",", ":")).encode())
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request's answer. Times are seconds from the moment the request was sent;
+    ``started`` is that moment (``time.perf_counter``)."""
+
+    started: float
+    status: int = 0
+    first_byte: float = 0.0
+    first_text: float | None = None
+    end: float = 0.0
+    terminal: bool = False
+    error: str | None = None
+    body: bytes = b""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and 200 <= self.status < 300
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def client(port: int, connections: int | None, *, verify: ssl.SSLContext | bool = True) -> httpx.AsyncClient:
+    """A client of ``127.0.0.1:port`` holding at most ``connections`` connections (kept
+    alive), never through a proxy."""
+    return httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=None, verify=verify,
+                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+
+
+async def send(http: httpx.AsyncClient, request: Request, probe: Probe, *, keep_body: bool = False,
+                   timeout: float = 120) -> Exchange:
+    """Send ``request``, read the whole answer. Failures are recorded on the result
+    (``error``), never raised."""
+    started = time.perf_counter()
+    result = Exchange(started)
+    body: list[bytes] = []
+    tail = b""
+    try:
+        async with asyncio.timeout(timeout):
+            async with http.stream("POST", request.path, content=request.body, headers=_HEADERS) as reply:
+                result.first_byte = time.perf_counter() - started
+                result.status = reply.status_code
+                async for data in reply.aiter_raw():
+                    window = tail + data
+                    if result.first_text is None and probe.text.search(window):
+                        result.first_text = time.perf_counter() - started
+                    if not result.terminal and probe.terminal.search(window):
+                        result.terminal = True
+                    tail = window[-_OVERLAP:]
+                    if keep_body:
+                        body.append(data)
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:
+        result.error = type(exc).__name__
+    result.end = time.perf_counter() - started
+    result.body = b"".join(body)
+    return result
 
 
 @dataclass(frozen=True)
@@ -27,7 +124,7 @@ class Target:
     name: str
     port: int
     pid: int
-    requests: dict[str, bytes]
+    requests: dict[str, Request]
     probe: Probe
 
 
@@ -65,27 +162,24 @@ async def block(target: Target, fmt: str, concurrency: int, count: int) -> Sampl
     tail of every figure. Its latency is kept apart (``new_connection``). The CPU time of
     the target and its processes (SQLite's writer, workers) is read around the block."""
     request = target.requests[fmt]
-    connections = await asyncio.gather(*(Connection.open(target.port) for _ in range(concurrency)))
     samples = Samples()
-    for first in await asyncio.gather(*(connection.exchange(request, target.probe) for connection in connections)):
-        if first.ok:
-            samples.new_connection.append(first.end)
-    left = count
+    async with client(target.port, concurrency) as http:
+        for first in await asyncio.gather(*(send(http, request, target.probe) for _ in range(concurrency))):
+            if first.ok:
+                samples.new_connection.append(first.end)
+        left = count
 
-    async def worker(connection: Connection) -> None:
-        nonlocal left
-        while left > 0:
-            left -= 1
-            if connection.closed:
-                connection = await Connection.open(target.port)
-            _record(samples, await connection.exchange(request, target.probe))
-        connection.close()
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                _record(samples, await send(http, request, target.probe))
 
-    cpu = family_cpu_seconds(target.pid)
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(connection) for connection in connections))
-    samples.wall_s = time.perf_counter() - started
-    samples.cpu_s = family_cpu_seconds(target.pid) - cpu
+        cpu = family_cpu_seconds(target.pid)
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        samples.wall_s = time.perf_counter() - started
+        samples.cpu_s = family_cpu_seconds(target.pid) - cpu
     return samples
 
 
@@ -112,7 +206,7 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
     streams that received text, that ended with a terminal event (and which), and that
     were cut without one; how many were open with text at the same moment; the resident
     memory of the server and its processes before, at its peak and after (sampled every 0.1 s)."""
-    request = post(port, "/v1/responses", {"model": model, "input": "Hi", "stream": True})
+    request = post("/v1/responses", {"model": model, "input": "Hi", "stream": True})
     baseline = family_rss_mib(pid)
     samples: list[tuple[float, float]] = []
     started = time.perf_counter()
@@ -123,14 +217,14 @@ async def open_streams(port: int, pid: int, model: str, count: int, hold_s: floa
             samples.append((time.perf_counter() - started, family_rss_mib(pid)))
             await asyncio.sleep(0.1)
 
+    tls = httpx.create_ssl_context()  # made once: a client's own would load the trusted certificates each time
+
     async def one() -> Exchange:
-        try:
-            connection = await Connection.open(port)
-        except OSError as exc:
-            return Exchange(time.perf_counter(), error=type(exc).__name__)
-        exchange = await connection.exchange(request, RESPONSES_PROBE, keep_body=True, timeout=hold_s + 120)
-        connection.close()
-        return exchange
+        # a client of its own for each stream: httpcore's pool looks at each of its
+        # connections on every request and every close, which one pool of a thousand
+        # connections would pay a million times over in this process
+        async with client(port, 1, verify=tls) as http:
+            return await send(http, request, RESPONSES_PROBE, keep_body=True, timeout=hold_s + 120)
 
     sampler = asyncio.create_task(sample())
     exchanges = await asyncio.gather(*(one() for _ in range(count)))
@@ -197,23 +291,21 @@ async def chain(port: int, model: str, turns: int, direct_port: int | None = Non
     reported too. With ``direct_port`` (the upstream), the same conversations are also
     sent to it directly as Chat Completions requests: what the upstream itself takes to
     read a conversation that long, so that what ors adds can be told from it."""
-    connection = await Connection.open(port)
+    http = client(port, 1)
     ids: list[str] = []
     timings: list[float] = []
     failure = None
 
     async def turn(previous: str | None) -> tuple[float, str] | None:
-        nonlocal connection, failure
+        nonlocal failure
         body: dict[str, object] = {"model": model, "input": "next"}
         if previous is not None:
             body["previous_response_id"] = previous
-        if connection.closed:
-            connection = await Connection.open(port)
-        exchange = await connection.exchange(post(port, "/v1/responses", body), RESPONSES_PROBE, keep_body=True)
-        if not exchange.ok:
-            failure = f"turn {len(timings) + 1}: {exchange.error or exchange.status} {exchange.body[:300]!r}"
+        answer = await send(http, post("/v1/responses", body), RESPONSES_PROBE, keep_body=True)
+        if not answer.ok:
+            failure = f"turn {len(timings) + 1}: {answer.error or answer.status} {answer.body[:300]!r}"
             return None
-        return exchange.end, exchange.json()["id"]
+        return answer.end, answer.json()["id"]
 
     for _ in range(turns):
         done = await turn(ids[-1] if ids else None)
@@ -231,7 +323,7 @@ async def chain(port: int, model: str, turns: int, direct_port: int | None = Non
                     alternated[key].append(done[0])
         if alternated["early"] and alternated["late"]:
             early, late = statistics.median(alternated["early"]), statistics.median(alternated["late"])
-    connection.close()
+    await http.aclose()
     sequential_early = statistics.median(timings[1:12]) if len(timings) >= 12 else None
     sequential_late = statistics.median(timings[-11:]) if len(timings) >= 23 else None
     direct: dict[str, float | None] = {"early_ms": None, "late_ms": None}
@@ -257,20 +349,18 @@ async def _direct_turns(port: int, model: str, turns: Sequence[int], repeats: in
     """The median time the upstream itself takes (Chat Completions, JSON) for the
     conversation ors sends it at each of ``turns``: the user's ``next`` after every
     earlier turn's ``next`` and answer."""
-    connection = await Connection.open(port)
+    http = client(port, 1)
     times: list[float] = []
     for turn in turns:
         messages: list[dict[str, str]] = []
         for _ in range(turn - 1):
             messages += [{"role": "user", "content": "next"}, {"role": "assistant", "content": "Hello, world."}]
         messages.append({"role": "user", "content": "next"})
-        request = post(port, "/v1/chat/completions", {"model": model, "messages": messages, "stream": True,
-                                                       "stream_options": {"include_usage": True}})
+        request = post("/v1/chat/completions", {"model": model, "messages": messages, "stream": True,
+                                                "stream_options": {"include_usage": True}})
         for _ in range(repeats):
-            if connection.closed:
-                connection = await Connection.open(port)
-            exchange = await connection.exchange(request, CHAT_PROBE)
-            if exchange.ok:
-                times.append(exchange.end)
-    connection.close()
+            answer = await send(http, request, CHAT_PROBE)
+            if answer.ok:
+                times.append(answer.end)
+    await http.aclose()
     return statistics.median(times)

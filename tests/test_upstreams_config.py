@@ -148,3 +148,79 @@ def test_ors_serve_refuses_a_bad_file(tmp_path: Path) -> None:
     assert result.stderr.startswith("ors serve: ORS_CONFIG ")
     assert "upstreams.alpha.dialect.replay: not a dialect option" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- TLS files -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> Path:
+    """A directory with a CA (``ca.pem``), a client certificate and key issued by it
+    (``client.pem``, ``client.key``), the two in one file (``both.pem``), an encrypted key
+    (``encrypted.key``) and a file that is not PEM (``junk.pem``)."""
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    client = ca.issue_cert("ors@example")
+    client.cert_chain_pems[0].write_to_path(str(tmp_path / "client.pem"))
+    client.private_key_pem.write_to_path(str(tmp_path / "client.key"))
+    client.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "both.pem"))
+    key = serialization.load_pem_private_key(client.private_key_pem.bytes(), None)
+    (tmp_path / "encrypted.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")))
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    return tmp_path
+
+
+def _tls_entry(**files: str) -> str:
+    lines = "".join(f"{field} = '{value}'\n" for field, value in files.items())
+    return f"[upstreams.a]\nbase_url = 'https://x.example/v1'\nmodels = ['m']\n{lines}"
+
+
+def test_tls_files_relative_to_the_file(tls_files: Path) -> None:
+    (spec,) = load_upstreams(write(tls_files, _tls_entry(ca_bundle="ca.pem", client_cert="client.pem",
+                                                          client_key="client.key")), {})
+    assert spec.tls is not None
+    assert (spec.tls.ca_bundle, spec.tls.client_cert, spec.tls.client_key) == (
+        tls_files / "ca.pem", tls_files / "client.pem", tls_files / "client.key")
+    (both,) = load_upstreams(write(tls_files, _tls_entry(client_cert=str(tls_files / "both.pem"))), {})
+    assert both.tls is not None and both.tls.client_cert == tls_files / "both.pem" and both.tls.client_key is None
+    (plain,) = load_upstreams(write(tls_files, "[upstreams.a]\nbase_url = 'https://x/v1'\nmodels = ['m']\n"), {})
+    assert plain.tls is None
+
+
+@pytest.mark.parametrize(("files", "expected"), [
+    ({"ca_bundle": "absent.pem"}, "upstreams.a.ca_bundle: the CA bundle {dir}/absent.pem cannot be read: No such file"),
+    ({"ca_bundle": "junk.pem"}, "upstreams.a.ca_bundle: the CA bundle {dir}/junk.pem holds no usable PEM certificate"),
+    ({"client_cert": "client.pem"}, "upstreams.a.client_cert: the client certificate and key in {dir}/client.pem "
+                                    "cannot be used"),
+    ({"client_cert": "client.pem", "client_key": "encrypted.key"},
+     "upstreams.a.client_cert: the client certificate and key in {dir}/client.pem and {dir}/encrypted.key cannot "
+     "be used (a PEM certificate and its unencrypted private key are needed): the key is encrypted"),
+    ({"client_cert": "client.pem", "client_key": "ca.pem"}, "upstreams.a.client_cert: the client certificate and key"),
+    ({"client_cert": "absent.pem"}, "upstreams.a.client_cert: the client certificate {dir}/absent.pem cannot be read"),
+    ({"client_cert": "client.pem", "client_key": "absent.key"},
+     "upstreams.a.client_key: the client key {dir}/absent.key cannot be read"),
+    ({"client_key": "client.key"}, "upstreams.a.client_key: a client key ({dir}/client.key) needs its client_cert"),
+])  # fmt: skip
+def test_each_tls_problem_names_the_field_and_the_file(tls_files: Path, files: dict[str, str], expected: str) -> None:
+    message = problem(tls_files, _tls_entry(**files))
+    assert message.startswith(f"ORS_CONFIG {tls_files / 'ors.toml'}: ")
+    assert expected.format(dir=tls_files) in message
+
+
+def test_tls_files_for_a_plain_http_upstream_are_refused(tls_files: Path) -> None:
+    message = problem(tls_files, "[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\nca_bundle = 'ca.pem'\n")
+    assert "upstreams.a.ca_bundle: TLS files apply to an https base_url only" in message
+
+
+def test_ors_serve_refuses_a_ca_bundle_that_is_not_there(tmp_path: Path) -> None:
+    path = write(tmp_path, _tls_entry(ca_bundle="nowhere.pem"))
+    result = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--data-dir", str(tmp_path)],
+                            capture_output=True, text=True, env={**os.environ, "ORS_CONFIG": str(path)})
+    assert result.returncode == 2
+    assert f"upstreams.a.ca_bundle: the CA bundle {tmp_path / 'nowhere.pem'} cannot be read" in result.stderr
+    assert "Traceback" not in result.stderr
+

@@ -412,13 +412,16 @@ async def _until_disconnect(receive: Any) -> None:
 
 
 @contextlib.contextmanager
-def running_scripted_upstream() -> Iterator[ScriptedUpstream]:
-    """Serve a :class:`ScriptedUpstream` with uvicorn on a loopback port, in a thread."""
+def running_scripted_upstream(**tls: Any) -> Iterator[ScriptedUpstream]:
+    """Serve a :class:`ScriptedUpstream` with uvicorn on a loopback port, in a thread.
+    ``tls``: uvicorn's ``ssl_*`` options (``ssl_certfile``, ``ssl_keyfile``,
+    ``ssl_ca_certs``, ``ssl_cert_reqs``), for an ``https`` upstream."""
     upstream = ScriptedUpstream()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(
-        upstream, http="h11", lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=1
+        upstream, http="h11", lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=1,
+        **tls,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -429,7 +432,8 @@ def running_scripted_upstream() -> Iterator[ScriptedUpstream]:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the scripted upstream did not start")
             time.sleep(0.01)
-        upstream.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        scheme = "https" if tls.get("ssl_certfile") else "http"
+        upstream.base_url = f"{scheme}://127.0.0.1:{sock.getsockname()[1]}/v1"
         yield upstream
     finally:
         server.should_exit = True

@@ -9,9 +9,8 @@ translates every upstream failure into :mod:`app.errors` at one boundary,
 
 A request whose output nobody sees before it ends (``GenerationRequest.incremental`` off:
 a plain JSON answer) is sent with ``stream: false``, and its one JSON body is decoded into
-the same deltas: no event per token to make upstream or to parse here (a JSON answer costs
-about 12% less CPU in front of a fast upstream). The read timeout then spans the whole
-generation, as the client's own does.
+the same deltas: no event per token to make upstream or to parse here. The read timeout
+then spans the whole generation, as the client's own does.
 
 Error codes raised here:
 
@@ -22,6 +21,7 @@ Error codes raised here:
     upstream_rejected      it refused the request (other 4xx)                  -> InvalidRequest
     upstream_rate_limited  it is rate limiting (429)                           -> TooManyRequests
     upstream_error         5xx, an error object inside the stream, or a malformed stream
+    server_busy            every pooled connection to it stayed in use (429, retry shortly)
 
 404 for an unknown model becomes ``ModelNotFound`` (param ``model``); a context overflow
 becomes ``ContextLengthExceeded``. Client-facing messages never name the upstream's address,
@@ -68,6 +68,7 @@ from app.backends.base import (
 )
 from app.backends.chat_errors import error_for_status
 from app.backends.chat_stream import ChunkDecoder
+from app.backends.http_client import Pool, TlsFiles
 from app.backends.message_json import MessageJson, dumps
 from app.backends.tool_names import names_back, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, AnswerDecoder, HttpUpstream, Timeouts
@@ -115,9 +116,11 @@ class ChatCompletionsBackend(HttpUpstream):
         schema_style: SchemaStyle = ChatDialect.schema_style,
         replay_reasoning: bool = ChatDialect.replay_reasoning,
         owned_by: str = "upstream",
+        pool: Pool = Pool(),
+        tls: TlsFiles | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
-                         headers=headers, owned_by=owned_by)
+                         headers=headers, owned_by=owned_by, pool=pool, tls=tls)
         self._message_json = MessageJson(lambda message: dumps(self._message(message)))
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style

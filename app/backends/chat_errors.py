@@ -16,8 +16,9 @@ import re
 from types import TracebackType
 from typing import Any
 
+import httpx
+
 from app import jsontext
-from app.backends.http1 import ConnectFailed, Disconnected, ReadTimeout, UpstreamHttpError
 from app.errors import (
     ContextLengthExceeded,
     InvalidRequest,
@@ -36,30 +37,45 @@ _MODEL_MISSING = re.compile(r"model", re.I)
 _LOGPROBS = re.compile(r"logprob", re.I)
 
 
-
 class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_errors(url):``
-    """Translate the upstream client's transport failures into ``ModelError``; log the
-    upstream's address. (A class, not a generator: entered on every upstream request.)"""
+    """Translate httpx's transport failures into the taxonomy; log the upstream's address.
 
-    __slots__ = ("url",)
+    ========================================  ==========================================
+    no connection (refused, DNS, TLS, proxy)  ``ModelError`` ``upstream_unavailable``
+    every pooled connection stayed in use     ``TooManyRequests`` ``server_busy``
+    a read or write timeout, ``TimeoutError``  ``ModelError`` ``upstream_timeout``
+    the connection ended or broke             ``ModelError`` ``upstream_disconnected``
+    a head that is not an HTTP answer's        ``ModelError`` ``upstream_error``
+    ========================================  ==========================================
+
+    Once the caller has set :attr:`answered` (the answer's head arrived), a body httpx
+    cannot read is a broken connection too. (A class, not a generator: entered on every
+    upstream request.)"""
+
+    __slots__ = ("url", "answered")
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.answered = False
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> upstream_errors:
+        return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: TracebackType | None) -> None:
-        if exc is None or not isinstance(exc, (UpstreamHttpError, TimeoutError, OSError)):
+        if exc is None or not isinstance(exc, (httpx.HTTPError, TimeoutError, OSError)):
             return
         url = self.url
-        if isinstance(exc, ConnectFailed):
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError, httpx.UnsupportedProtocol)):
             logger.warning("cannot reach the upstream at %s: %r", url, exc)
             raise ModelError("The upstream model server is unreachable.", code="upstream_unavailable") from exc
-        if isinstance(exc, (TimeoutError, ReadTimeout)):
+        if isinstance(exc, httpx.PoolTimeout):
+            logger.warning("every connection to the upstream at %s stayed in use: %r", url, exc)
+            raise TooManyRequests("Every connection to the upstream model server is in use; retry shortly.",
+                                  code="server_busy") from exc
+        if isinstance(exc, (TimeoutError, httpx.TimeoutException)):
             logger.warning("the upstream at %s timed out: %r", url, exc)
             raise ModelError("The upstream model server did not answer in time.", code="upstream_timeout") from exc
-        if isinstance(exc, (Disconnected, OSError)):
+        if _broken(exc) or (self.answered and isinstance(exc, httpx.RemoteProtocolError)):
             logger.warning("the connection to the upstream at %s broke: %r", url, exc)
             raise ModelError(
                 "The connection to the upstream model server broke before the model finished.",
@@ -67,6 +83,16 @@ class upstream_errors:  # noqa: N801 - used as a function: ``with upstream_error
             ) from exc
         logger.warning("request to the upstream at %s failed: %r", url, exc)
         raise ModelError("The request to the upstream model server failed.", code="upstream_error") from exc
+
+
+def _broken(exc: BaseException) -> bool:
+    """Whether the connection ended or broke (as opposed to an upstream that sent
+    something that is not an HTTP answer: httpx says "disconnected" or "closed" when the
+    connection ended, and names what it could not parse otherwise)."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        message = str(exc).lower()
+        return "disconnected" in message or "closed" in message
+    return isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError, httpx.DecodingError, OSError))
 
 
 def error_for_status(status: int, body: bytes, *, model: str, url: str, logprobs: bool = False) -> ORSError:

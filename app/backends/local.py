@@ -40,12 +40,9 @@ Requests, the contract in full:
 Tools: every tool of the request is rendered into the prompt whatever the tool policy
 (``prompting``); the default output parser turns the model's written calls into
 ``ToolCallDelta``s and enforces the policy, and a grammar (sent with the request, applied
-per sequence by llama-server) forces a call when one is required (``toolcalls``).
-
-Logprobs (``sampling.logprobs``): llama-server's ``n_probs``: the log-softmax of the
-model's own distribution at each position, before sampling. Tokens are attributed to the
-parser's emitted ``TextDelta``s by a ``LogprobLedger`` (``logprob_ledger``): exact where
-the text passes through unchanged.
+per sequence by llama-server) forces a call when one is required (``toolcalls``). What
+one generation asks of llama-server, and how its chunks become deltas, logprobs and
+usage, is :mod:`app.backends.local_completion`'s.
 """
 
 from __future__ import annotations
@@ -54,32 +51,32 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
 
 from app.backends.base import (
     Backend,
     ChatMessage,
     Delta,
     Finish,
-    FinishReason,
     GenerationRequest,
     ModelGauges,
     ModelInfo,
-    TextDelta,
-    TokenLogprob,
-    ToolCallDelta,
     ToolSpec,
     Usage,
 )
-from app.backends.llama_server import DEFAULT_CHUNK, HANG_SECONDS, LlamaServer, ServerOptions, ServerState, find_binary
-from app.backends.logprob_ledger import LogprobLedger
+from app.backends.llama_process import DEFAULT_CHUNK, ServerOptions, find_binary
+from app.backends.llama_server import HANG_SECONDS, LlamaServer, ServerState
+from app.backends.local_completion import (
+    CompletionReader,
+    OutputParserFactory,
+    Plan,
+    completion_body,
+    make_plan,
+)
 from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
-from app.backends.prompting import output_grammar, unicode_text
 from app.backends.slots import SlotPool
-from app.backends.toolcalls import tool_call_grammar, tool_call_parser
+from app.backends.toolcalls import tool_call_parser
 from app.backends.vocabulary import Vocabulary
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError
 
@@ -89,54 +86,6 @@ log = logging.getLogger("ors.local")
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32
 DEFAULT_CACHE_RAM_MIB = 2048
-
-_STOP_REASONS: dict[str, FinishReason] = {"limit": "length", "eos": "stop", "word": "stop"}
-
-
-class OutputParser(Protocol):
-    """Turns the model's raw text into deltas; one instance per generation.
-
-    ``feed`` receives text as it is generated; ``close`` is called once at the end and
-    returns whatever was held back. A parser that yields ``ToolCallDelta``s makes a normal
-    stop finish with reason ``tool_calls``.
-    """
-
-    def feed(self, text: str) -> list[Delta]: ...
-
-    def close(self) -> list[Delta]: ...
-
-
-OutputParserFactory = Callable[[GenerationRequest, ModelSpec], OutputParser]
-
-
-class PlainTextParser:
-    """Everything the model writes is visible text."""
-
-    def feed(self, text: str) -> list[Delta]:
-        return [TextDelta(text)] if text else []
-
-    def close(self) -> list[Delta]:
-        return []
-
-
-def plain_text(request: GenerationRequest, spec: ModelSpec) -> OutputParser:
-    return PlainTextParser()
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What one generation needs, prepared on the event loop before generation starts."""
-
-    messages: tuple[ChatMessage, ...]
-    tools: tuple[ToolSpec, ...]
-    grammar: str | None
-    grammar_source: str
-    """The request parameter the grammar was made from, named when llama.cpp rejects it."""
-    max_tokens: int | None
-    sampling: dict[str, float]
-    logprobs: bool = False
-    top_logprobs: int = 0
-
 
 class LocalModel:
     """A loaded model: its vocabulary here, its llama-server there, and its slots."""
@@ -322,43 +271,14 @@ class LocalBackend(Backend):
         if max_tokens <= 0:
             yield Finish("length", Usage(input_tokens=len(tokens)))
             return
-        parser = self._output_parser(request, entry.spec)
-        ledger = LogprobLedger() if plan.logprobs else None
+        reader = CompletionReader(self._output_parser(request, entry.spec), plan)
         slot = await loaded.slots.acquire()
         try:
-            body = {
-                "prompt": tokens,
-                "n_predict": max_tokens,
-                "cache_prompt": True,
-                **plan.sampling,
-                **({"grammar": plan.grammar} if plan.grammar is not None else {}),
-                **({"n_probs": max(1, plan.top_logprobs)} if plan.logprobs else {}),
-            }
-            called_tools = False
-            last: dict[str, Any] = {}
-            async with contextlib.aclosing(loaded.server.complete(body)) as chunks:
+            async with contextlib.aclosing(loaded.server.complete(completion_body(plan, tokens, max_tokens))) as chunks:
                 async for chunk in chunks:
-                    text = chunk.get("content") or ""
-                    if ledger is not None:
-                        _record(ledger, text, chunk.get("completion_probabilities") or (), plan.top_logprobs)
-                    deltas = parser.feed(text) if text else []
-                    if chunk.get("stop"):
-                        deltas += parser.close()
-                        last = chunk
-                    if ledger is not None:
-                        deltas = ledger.attribute(deltas)
-                    for delta in deltas:
-                        called_tools = called_tools or isinstance(delta, ToolCallDelta)
+                    for delta in reader.feed(chunk):
                         yield delta
-            timings = last.get("timings") or {}
-            produced = int(timings.get("predicted_n", last.get("tokens_predicted", 0)))
-            reason = _STOP_REASONS.get(str(last.get("stop_type")), "stop")
-            if reason == "stop" and called_tools:
-                reason = "tool_calls"
-            yield Finish(
-                reason,
-                Usage(input_tokens=len(tokens), output_tokens=produced, cached_tokens=int(timings.get("cache_n", 0))),
-            )
+            yield reader.finish(len(tokens))
         finally:
             loaded.slots.release(slot)
 
@@ -368,40 +288,13 @@ class LocalBackend(Backend):
         except KeyError:
             raise ModelNotFound(f"The model '{model}' does not exist", param="model") from None
 
-    async def _planned(self, request: GenerationRequest, model: LocalModel) -> _Plan:
-        """``_plan``, in a worker thread when it converts a schema into a grammar (CPU work
-        that grows with the schema), inline otherwise."""
+    async def _planned(self, request: GenerationRequest, model: LocalModel) -> Plan:
+        """The request's :func:`~app.backends.local_completion.make_plan`, in a worker thread
+        when it converts a schema into a grammar (CPU work that grows with the schema),
+        inline otherwise."""
         if request.tools or request.output_format.kind != "text":
-            return await asyncio.to_thread(self._plan, request, model)
-        return self._plan(request, model)
-
-    def _plan(self, request: GenerationRequest, model: LocalModel) -> _Plan:
-        """Raises ``InvalidRequest`` for a schema that cannot be made into a grammar."""
-        chosen = request.sampling
-        defaults = model.spec.sampling
-        grammar, source = tool_call_grammar(request.tools, request.tool_policy, model.vocabulary.call_shape), "tools"
-        if grammar is None:
-            grammar, source = output_grammar(request.output_format), "text.format.schema"
-        if grammar is not None:
-            grammar = unicode_text(grammar)
-        return _Plan(
-            messages=request.messages,
-            tools=request.tools,
-            grammar=grammar,
-            grammar_source=source,
-            max_tokens=chosen.max_output_tokens or model.spec.default_max_output_tokens,
-            sampling={
-                "temperature": defaults.temperature if chosen.temperature is None else chosen.temperature,
-                "top_p": defaults.top_p if chosen.top_p is None else chosen.top_p,
-                "top_k": defaults.top_k,
-                "min_p": defaults.min_p,
-                "repeat_penalty": defaults.repeat_penalty,
-                "presence_penalty": chosen.presence_penalty or 0.0,
-                "frequency_penalty": chosen.frequency_penalty or 0.0,
-            },
-            logprobs=chosen.logprobs,
-            top_logprobs=chosen.top_logprobs or 0,
-        )
+            return await asyncio.to_thread(make_plan, request, model.spec, model.vocabulary)
+        return make_plan(request, model.spec, model.vocabulary)
 
     async def _loaded(self, entry: _Entry) -> LocalModel:
         """The entry's model, started once; a cancelled waiter does not cancel the start."""
@@ -447,22 +340,6 @@ class LocalBackend(Backend):
         await model.restore()
         server.on_restart = model.restore  # a server started again after an exit gets them back too
         return model
-
-
-def _record(ledger: LogprobLedger, text: str, probabilities: Sequence[dict[str, Any]], top: int) -> None:
-    """The tokens of one streamed chunk into the ledger: the chunk's text goes with its
-    last token (a chunk holds several tokens only when they complete one character)."""
-    for position, entry in enumerate(probabilities):
-        token_text = text if position == len(probabilities) - 1 else ""
-        alternatives = tuple(_logprob(other, str(other.get("token", "")))
-                             for other in entry.get("top_logprobs", ())[:top])
-        ledger.add(token_text, _logprob(entry, token_text, alternatives))
-
-
-def _logprob(entry: dict[str, Any], text: str, top: tuple[TokenLogprob, ...] = ()) -> TokenLogprob:
-    raw = entry.get("bytes")
-    token_bytes = bytes(raw) if isinstance(raw, list) else str(entry.get("token", "")).encode()
-    return TokenLogprob(text, float(entry.get("logprob", float("-inf"))), token_bytes, top)
 
 
 def _available_cpus() -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
+from app.backends.http_client import Pool, TlsFiles
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
@@ -73,9 +74,11 @@ class ResponsesUpstreamBackend(HttpUpstream):
         replay_reasoning: bool = ResponsesDialect.replay_reasoning,
         hold_text: bool = ResponsesDialect.hold_text,
         owned_by: str = "upstream",
+        pool: Pool = Pool(),
+        tls: TlsFiles | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
-                         headers=headers, owned_by=owned_by)
+                         headers=headers, owned_by=owned_by, pool=pool, tls=tls)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
         self._input_json = MessageJson(

@@ -1,20 +1,18 @@
-"""What every HTTP upstream adapter shares: its address and key, one kept-alive client,
-and its model list.
+"""What every HTTP upstream adapter shares: its address and key, one httpx client, and
+its model list.
 
 :class:`HttpUpstream` is the base of the wire adapters (:mod:`app.backends.chat_completions`,
 :mod:`app.backends.responses_upstream`); it knows nothing of either wire format. One
-instance is one upstream: it owns one :class:`app.backends.http1.Client` (made by
-:meth:`start` or on first use, closed by :meth:`aclose`), so requests to that upstream
-reuse its pooled keep-alive connections. Those connections belong to the event loop that
-opened them, so one backend serves one loop.
+instance is one upstream: it owns one ``httpx.AsyncClient`` (made by
+:func:`app.backends.http_client.upstream_client`: proxies from the environment, the
+upstream's own TLS files, a bounded pool; made again by :meth:`start` after
+:meth:`aclose`), so requests to that upstream reuse its pooled keep-alive connections.
+Those connections belong to the event loop that opened them, so one backend serves one
+loop.
 
-The client is this project's own small HTTP/1.1 client (:mod:`app.backends.http1`): the
-upstream call is the largest single part of what ors adds to a proxied request, and a
-general client costs several times what one origin and one request shape need (httpx
-about four times aiohttp's CPU per streamed request; aiohttp about seven times this
-client's instructions). A request whose body is not read to its end (a client that left)
-has its connection closed, not pooled, which is what tells the upstream to stop
-generating.
+A response whose body is not read to its end (a client that left, a task cancelled) is
+closed, and httpx closes its connection rather than pool it: that is what tells the
+upstream to stop generating.
 """
 
 from __future__ import annotations
@@ -25,45 +23,28 @@ import logging
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager as AsyncContextManager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app import jsontext
+import httpx
+
 from app.backends.base import Backend, Delta, Finish, ModelInfo
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, upstream_errors
-from app.backends.chat_stream import SSEParser
-from app.backends.http1 import Client, Connection
+from app.backends.http_client import Pool, Timeouts, TlsFiles, check_headers, upstream_client
+from app.backends.sse_parser import SSEParser
 from app.backends.tool_names import restored
 from app.errors import ModelError, ORSError
 
 logger = logging.getLogger("ors.upstream")
 
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    connect: float = 5.0
-    """Seconds to open a connection: connect fast or fail."""
-    read: float = 600.0
-    """Seconds a response may stay silent: a model may think for minutes."""
-
-
 DEFAULT_TIMEOUT = Timeouts()
-KEEPALIVE_SECONDS = 4.0
-"""Idle connections are dropped before the 5 s keep-alive timeout of uvicorn- and
-Node-based servers. Every response in flight has its own connection (a stream holds one
-for its whole life: a cap made the 101st of 1,000 concurrent streams wait, then time
-out), so the pool has no limit; how many responses run at once is bounded where it should
-be: by the rate limits and the clients."""
 MODEL_LIST_TTL = 30.0
 """Seconds a fetched upstream model list is reused."""
 MODEL_LIST_SECONDS = 10.0
 """How long fetching an upstream's model list may take."""
 
-_ACCEPT_JSON = b"Accept: application/json\r\n"
-_JSON_BODY = b"Content-Type: application/json\r\n"
-_STREAM_HEADERS = b"Accept: text/event-stream\r\n" + _JSON_BODY
-_WHOLE_HEADERS = _ACCEPT_JSON + _JSON_BODY
+_ACCEPT_JSON = {"Accept": "application/json"}
+_STREAM_HEADERS = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+_WHOLE_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
 
 
 class AnswerDecoder(Protocol):
@@ -97,7 +78,13 @@ class HttpUpstream(Backend):
         timeout: Timeouts = DEFAULT_TIMEOUT,
         headers: Mapping[str, str] | None = None,
         owned_by: str = "upstream",
+        pool: Pool = Pool(),
+        tls: TlsFiles | None = None,
     ) -> None:
+        """``pool``: the bounds of its connection pool; ``tls``: its own CA bundle and
+        client certificate (the system's trust, or ``SSL_CERT_FILE``, without). Raises
+        ``ValueError`` for a base URL that is not an upstream's, a header that cannot be
+        sent, or TLS files that cannot be used."""
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"the upstream base URL must be an http(s) URL, got {base_url!r}")
@@ -105,15 +92,16 @@ class HttpUpstream(Backend):
             raise ValueError(f"the upstream base URL must be scheme, host, port and path only (a key goes in "
                              f"its api_key), got {base_url!r}")
         self.base_url = base_url.rstrip("/")
-        self._origin = f"{url.scheme}://{url.netloc}"
-        self._base_path = url.path.rstrip("/")
         self.allowed_models = tuple(models) if models is not None else None
         self.owned_by = owned_by
         self._headers = dict(headers or {})
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        check_headers(self._headers)
         self._timeout = timeout
-        self._client = self._new_client()  # a header that cannot be sent is refused here
+        self._pool = pool
+        self._verify = tls.context() if tls is not None else True
+        self._client: httpx.AsyncClient | None = None
         self._model_list: list[ModelInfo] | None = None
         self._model_list_at = 0.0
 
@@ -123,27 +111,17 @@ class HttpUpstream(Backend):
         self._http()
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
 
-    def _new_client(self) -> Client:
-        return Client(self._origin, connect=self._timeout.connect, read=self._timeout.read,
-                      keepalive=KEEPALIVE_SECONDS, headers=self._headers)
-
-    def _http(self) -> Client:
-        if self._client.closed:  # started again after it was closed
-            self._client = self._new_client()
-        return self._client
-
-    def post_stream(self, path: str, payload: dict[str, Any] | bytes, *,
-                    stream: bool = True) -> AsyncContextManager[Connection]:
-        """``POST`` ``payload`` as JSON (or JSON already encoded) to ``path`` (below the
-        base URL), asking for an event stream (or, without ``stream``, one JSON body);
-        ``async with`` gives the answer once its head has arrived, whose body the caller
-        reads (``answer.chunks()``). Leaving the block before the end of the body closes
-        the connection."""
-        body = payload if isinstance(payload, bytes) else jsontext.dumps_bytes(payload)
-        return self._http().request("POST", self._base_path + path, body,
-                                    _STREAM_HEADERS if stream else _WHOLE_HEADERS)
+    def _http(self) -> httpx.AsyncClient:
+        """The client, made on first use (and again after :meth:`aclose`)."""
+        client = self._client
+        if client is None:
+            client = self._client = upstream_client(self.base_url, headers=self._headers, timeouts=self._timeout,
+                                                    pool=self._pool, verify=self._verify)
+        return client
 
     async def deltas(
         self, path: str, body: bytes, *, stream: bool, decoder: Callable[[], AnswerDecoder],
@@ -151,37 +129,40 @@ class HttpUpstream(Backend):
         finished: Callable[[AnswerDecoder, str], None] | None = None,
     ) -> AsyncIterator[Delta]:
         """A request's deltas, ending with exactly one ``Finish`` (the decoder's): the one
-        generator from the upstream's answer to the consumer. The request, its answer
-        and its parsing run in this loop, so each delta crosses no layer of its own.
+        generator from the upstream's answer to the consumer.
 
-        ``body`` goes to ``path`` (``stream``: asking for an event stream); a status
-        other than 2xx is ``refused(status, body, url)``; a JSON answer (asked whole, or
-        an upstream that ignored ``stream: true``) is read whole, an event stream as it
-        comes, and read on to its end after the terminal event (only an answer read to
-        its end gives its connection back to the pool). Calls come back under their
-        wire names, turned back by ``back``; ``finished`` sees the decoder before its
-        ``Finish`` is made.
+        ``body`` (JSON) is posted to ``path`` (below the base URL; ``stream``: asking for
+        an event stream); a status other than 2xx is ``refused(status, body, url)`` (at
+        most :data:`~app.backends.chat_errors.ERROR_BODY_LIMIT` bytes of its body read); a
+        JSON answer (asked whole, or an upstream that ignored ``stream: true``) is read
+        whole, an event stream as it comes, and read on to its end after the terminal
+        event (only an answer read to its end gives its connection back to the pool).
+        Calls come back under their wire names, turned back by ``back``; ``finished``
+        sees the decoder before its ``Finish`` is made.
 
         The upstream's answer lives inside this generator: closing it (``aclose``) or
-        cancelling its consumer closes the answer's connection, and servers stop
-        generating for a client that went away. One retry, invisible to the consumer:
-        when the connection breaks before the upstream sent a single event. That is how
-        a pooled keep-alive connection that the server has just closed fails; no output
-        has been seen, so nothing is repeated or lost."""
+        cancelling its consumer closes the answer, and with it its connection, and
+        servers stop generating for a client that went away. One retry, invisible to the
+        consumer: when the connection breaks before the upstream sent a single event.
+        That is how a pooled keep-alive connection that the server has just closed fails;
+        no output has been seen, so nothing is repeated or lost."""
         url = self.base_url + path
+        relative = path.lstrip("/")
+        headers = _STREAM_HEADERS if stream else _WHOLE_HEADERS
         for attempt in (1, 2):
             current = decoder()
             try:
-                with upstream_errors(url):
-                    async with self.post_stream(path, body, stream=stream) as answer:
-                        if not 200 <= answer.status < 300:
-                            raise refused(answer.status, await answer.read(ERROR_BODY_LIMIT), url)
+                with upstream_errors(url) as errors:
+                    async with self._http().stream("POST", relative, content=body, headers=headers) as answer:
+                        errors.answered = True
+                        if not answer.is_success:
+                            raise refused(answer.status_code, await _first_bytes(answer, ERROR_BODY_LIMIT), url)
                         if answer.headers.get("content-type", "").startswith("application/json"):
-                            for delta in current.feed_whole(await answer.read()):
+                            for delta in current.feed_whole(await answer.aread()):
                                 yield restored(delta, back) if back else delta
                         else:
                             parser = SSEParser()
-                            async for chunk in answer.chunks():
+                            async for chunk in answer.aiter_bytes():
                                 for delta in current.feed_events(parser.feed_bytes(chunk)):
                                     yield restored(delta, back) if back else delta
                             for delta in current.feed_events(parser.end()):
@@ -220,9 +201,8 @@ class HttpUpstream(Backend):
         try:
             with upstream_errors(url):
                 async with asyncio.timeout(MODEL_LIST_SECONDS):
-                    async with self._http().request("GET", f"{self._base_path}/models",
-                                                    headers=_ACCEPT_JSON) as answer:
-                        status, body = answer.status, await answer.read()
+                    answer = await self._http().get("models", headers=_ACCEPT_JSON)
+                status, body = answer.status_code, answer.content
                 if status != 200:
                     raise error_for_status(status, body, model="", url=url)
             listed = model_infos(json.loads(body), self.owned_by)
@@ -233,6 +213,17 @@ class HttpUpstream(Backend):
             listed = [info for info in listed if info.id in self.allowed_models]
         self._model_list, self._model_list_at = listed, now
         return list(listed)
+
+
+async def _first_bytes(answer: httpx.Response, limit: int) -> bytes:
+    """The body of ``answer``, or its first ``limit`` bytes or more (the rest is left
+    unread, and the connection is not reused)."""
+    body = bytearray()
+    async for piece in answer.aiter_bytes():
+        body += piece
+        if len(body) >= limit:
+            break
+    return bytes(body)
 
 
 def model_infos(listing: Any, owned_by: str) -> list[ModelInfo]:

@@ -35,8 +35,8 @@ from app.backends.base import (
     Usage,
 )
 from app.backends.chat_completions import ChatCompletionsBackend
-from app.backends.chat_stream import SSEParser
-from app.backends.upstream_http import Timeouts
+from app.backends.http_client import Timeouts
+from app.backends.sse_parser import SSEParser
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError, TooManyRequests
 from tests.upstream_server import (
     CUT,
@@ -889,15 +889,21 @@ def test_a_base_url_with_credentials_or_a_query_is_refused(url: str) -> None:
         ChatCompletionsBackend(url)
 
 
-async def test_aclose_closes_the_pooled_connections(upstream: ScriptedUpstream) -> None:
+async def test_a_connection_read_to_its_end_is_reused_and_aclose_ends_it(upstream: ScriptedUpstream) -> None:
+    """Two requests in a row go over one kept-alive connection (the upstream sees one
+    peer); after ``aclose`` the backend works again, on a new connection."""
     model = upstream.stream(chunk(content="hi", finish_reason="stop"), DONE)
     chat = ChatCompletionsBackend(upstream.base_url)
     await chat.start()
-    await collect(chat, ask(model))
-    client = chat._http()
-    assert client.idle == 1  # read to its end: kept alive
-    await chat.aclose()
-    assert client.closed and client.idle == 0
+    try:
+        await collect(chat, ask(model))
+        await collect(chat, ask(model))
+        await chat.aclose()
+        await collect(chat, ask(model))  # started again on first use
+    finally:
+        await chat.aclose()
+    first, second, third = (request.peer for request in upstream.requests_for(model))
+    assert first == second and third != first
 
 
 def test_the_body_sent_is_the_payload_with_each_messages_json_made_once() -> None:

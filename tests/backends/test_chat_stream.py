@@ -8,7 +8,8 @@ import random
 import re
 
 from app.backends.base import Finish, ReasoningDelta, TextDelta, Usage
-from app.backends.chat_stream import ChunkDecoder, SSEParser
+from app.backends.chat_stream import ChunkDecoder
+from app.backends.sse_parser import SSEParser
 
 
 def _call_chunk(arguments: str, *, name: str | None = None, reason: str | None = None) -> str:

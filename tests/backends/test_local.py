@@ -22,7 +22,8 @@ from app.backends.base import (
     ToolCallDelta,
     ToolSpec,
 )
-from app.backends.local import LocalBackend, PlainTextParser
+from app.backends.local import LocalBackend
+from app.backends.local_completion import PlainTextParser
 from app.backends.model_files import ModelFiles, ModelSpec
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, TooManyRequests
 
@@ -96,6 +97,26 @@ async def test_streams_text_deltas_then_exactly_one_finish(smollm2: LocalBackend
     assert finish.usage.input_tokens == await smollm2.count_tokens(SMOLLM2, request.messages)
     assert 1 <= finish.usage.output_tokens <= 24
     assert text_of(deltas).strip()
+
+
+async def test_llama_server_is_reached_directly_whatever_the_proxy_variables(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client of the model's llama-server reads nothing of the environment: with every
+    proxy variable pointing at a port where nothing listens (and no NO_PROXY), the model
+    still starts, answers, and saves its slots."""
+    nowhere = "http://127.0.0.1:9"
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, nowhere)
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    backend = LocalBackend(tmp_path, n_threads=2, models=[SMOLLM2], preload=[SMOLLM2])
+    await backend.start()
+    try:
+        deltas = await collect(backend, ask("Say hello.", max_tokens=8))
+        assert isinstance(deltas[-1], Finish) and text_of(deltas)
+    finally:
+        await backend.aclose()
+    assert list((tmp_path / "kv" / SMOLLM2).glob("slot-*.bin"))  # saved at close, through the same client
 
 
 async def test_small_max_output_tokens_finishes_with_length(smollm2: LocalBackend) -> None:

@@ -13,9 +13,8 @@ import pytest
 
 from bench.floor import FloorProcess
 from bench.proxy import _targets
-from bench.proxy_load import block
+from bench.proxy_load import CHAT_PROBE, block
 from bench.stub import MODEL, TEXT, StubProcess
-from bench.wire import CHAT_PROBE
 from tests.live import free_port
 
 pytestmark = pytest.mark.anyio

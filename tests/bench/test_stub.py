@@ -11,9 +11,8 @@ import pytest
 
 from app.config import Settings
 from app.main import create_app
-from bench.proxy_load import Target, block, chain, open_streams
+from bench.proxy_load import CHAT_PROBE, RESPONSES_PROBE, Target, block, chain, client, open_streams, post, send
 from bench.stub import MODEL, TEXT, StubProcess, hold_model
-from bench.wire import CHAT_PROBE, RESPONSES_PROBE, Connection, post
 from tests.client import Client
 from tests.live import LiveServer, free_port
 
@@ -66,24 +65,22 @@ def test_chain_continues(fronted: LiveServer) -> None:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_wire_client_reads_the_stub(stub: StubProcess, stream: bool) -> None:
-    connection = await Connection.open(stub.port)
+async def test_the_benchmarks_client_reads_the_stub(stub: StubProcess, stream: bool) -> None:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "stream": stream,
             "stream_options": {"include_usage": True}}
-    exchanges = [await connection.exchange(post(stub.port, "/v1/chat/completions", body), CHAT_PROBE,
-                                           keep_body=True) for _ in range(3)]  # kept alive
-    connection.close()
+    async with client(stub.port, 1) as http:
+        exchanges = [await send(http, post("/v1/chat/completions", body), CHAT_PROBE, keep_body=True)
+                     for _ in range(3)]  # kept alive
     for exchange in exchanges:
         assert exchange.ok, exchange.error
         assert exchange.first_text is not None
         assert exchange.terminal is stream
 
 
-async def test_wire_client_reads_ors_streams(fronted: LiveServer) -> None:
-    connection = await Connection.open(fronted.port)
-    request = post(fronted.port, "/v1/responses", {"model": MODEL, "input": "Hi", "stream": True})
-    exchange = await connection.exchange(request, RESPONSES_PROBE, keep_body=True)
-    connection.close()
+async def test_the_benchmarks_client_reads_ors_streams(fronted: LiveServer) -> None:
+    async with client(fronted.port, 1) as http:
+        exchange = await send(http, post("/v1/responses", {"model": MODEL, "input": "Hi", "stream": True}),
+                              RESPONSES_PROBE, keep_body=True)
     assert exchange.ok, exchange.error
     assert exchange.first_text is not None and exchange.terminal
     assert b"event: response.completed\n" in exchange.body
@@ -92,7 +89,7 @@ async def test_wire_client_reads_ors_streams(fronted: LiveServer) -> None:
 async def test_load_functions_through_ors(fronted: LiveServer) -> None:
     pid = os.getpid()  # the live server runs in this process
     target = Target("stored", fronted.port, pid,
-                    {"json": post(fronted.port, "/v1/responses", {"model": MODEL, "input": "Hi"})}, RESPONSES_PROBE)
+                    {"json": post("/v1/responses", {"model": MODEL, "input": "Hi"})}, RESPONSES_PROBE)
     samples = await block(target, "json", 4, 12)
     assert (samples.requests, samples.failures, len(samples.latency)) == (12, 0, 12)
     assert len(samples.new_connection) == 4  # each connection's first request, kept apart

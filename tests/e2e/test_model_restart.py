@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.backends.llama_server import find_binary
+from app.backends.llama_process import find_binary
 from compliance import check_response, check_sse_body, validate_error_body
 from tests.conftest import SMOL
 from tests.e2e.test_cli import _alive, _llama_servers_of

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.backends.llama_server import find_binary
+from app.backends.llama_process import find_binary
 from app.backends.model_files import ModelFiles
 from tests.live import free_port
 from tests.upstream_server import smollm2_gguf

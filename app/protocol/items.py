@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from app.protocol.base import ParamModel, WireModel
+from app.protocol.states import ItemStatus
 from app.protocol.content import (
     AssistantContentParam,
     ContentPart,
@@ -25,7 +26,6 @@ from app.protocol.content import (
     UserContentParam,
 )
 
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
 

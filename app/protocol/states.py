@@ -1,0 +1,47 @@
+"""The names of states and kinds the protocol defines, as enums.
+
+Each is a :class:`~enum.StrEnum`: a member *is* its wire string (``ResponseStatus.COMPLETED
+== "completed"``), so it goes into JSON, SQL and comparisons as the string the spec names,
+and code that names a state names a member instead of repeating a literal.
+
+* :class:`ResponseStatus`: a response's ``status``. ``queued`` and ``in_progress`` are
+  open; the others are final, and a response that reached one never leaves it.
+* :class:`ItemStatus`: an output item's ``status``: ``in_progress`` while it streams, then
+  ``completed`` or ``incomplete`` (never back).
+* :class:`ItemType`: the ``type`` of the items this server reads and writes.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ResponseStatus(StrEnum):
+    QUEUED = "queued"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    INCOMPLETE = "incomplete"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        """Whether a response in this status has ended (it never changes again)."""
+        return self not in (ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS)
+
+
+class ItemStatus(StrEnum):
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    INCOMPLETE = "incomplete"
+
+
+class ItemType(StrEnum):
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"
+    FUNCTION_CALL_OUTPUT = "function_call_output"
+    CUSTOM_TOOL_CALL = "custom_tool_call"
+    CUSTOM_TOOL_CALL_OUTPUT = "custom_tool_call_output"
+    REASONING = "reasoning"
+    COMPACTION = "compaction"
+    ITEM_REFERENCE = "item_reference"

@@ -106,6 +106,7 @@ from app.protocol.responses import (
     ResponseResource,
     Usage,
 )
+from app.protocol.states import ItemStatus, ItemType, ResponseStatus
 from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
 
 
@@ -221,9 +222,11 @@ _TYPES: dict[type[StreamEvent], str] = {
 }
 
 
-_RESPONSE_MOVES: dict[str, frozenset[str]] = {
-    "queued": frozenset({"in_progress", "cancelled", "failed", "incomplete"}),
-    "in_progress": frozenset({"completed", "incomplete", "failed", "cancelled"}),
+_RESPONSE_MOVES: dict[ResponseStatus, frozenset[ResponseStatus]] = {
+    ResponseStatus.QUEUED: frozenset({ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED, ResponseStatus.FAILED,
+                                      ResponseStatus.INCOMPLETE}),
+    ResponseStatus.IN_PROGRESS: frozenset({ResponseStatus.COMPLETED, ResponseStatus.INCOMPLETE,
+                                           ResponseStatus.FAILED, ResponseStatus.CANCELLED}),
 }
 
 _INCOMPLETE_REASONS: dict[FinishReason, str] = {
@@ -236,7 +239,7 @@ _INCOMPLETE_REASONS: dict[FinishReason, str] = {
 class _OpenItem:
     """The item being streamed: its kind, position, id and accumulated text."""
 
-    kind: str  # "message" | "function_call" | "reasoning"
+    kind: ItemType  # a message, a call (function or custom), or reasoning
     output_index: int
     item_id: str
     chunks: list[str] = field(default_factory=list)
@@ -279,7 +282,7 @@ class ResponseBuilder:
         with the function's own ``name`` and its ``namespace``; a custom tool makes a
         ``custom_tool_call`` whose ``input`` is the call's one argument, with no delta
         events (the spec has none for it) between its ``output_item`` events."""
-        if response.status not in ("queued", "in_progress") or response.output:
+        if response.status.final or response.output:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
         self._error_events = error_events
@@ -301,7 +304,7 @@ class ResponseBuilder:
         return self._response
 
     @property
-    def status(self) -> str:
+    def status(self) -> ResponseStatus:
         return self._response.status
 
     @property
@@ -311,7 +314,7 @@ class ResponseBuilder:
 
     @property
     def finished(self) -> bool:
-        return self._response.status not in ("queued", "in_progress")
+        return self._response.status.final
 
     def _next(self) -> int:
         """The next event's sequence number, given as the event is made (setting it on
@@ -338,7 +341,7 @@ class ResponseBuilder:
         """A quiet builder's stand-ins for the events ``kinds``, numbered in order."""
         return [Unread(_TYPES[kind], self._next()) for kind in kinds]
 
-    def _move(self, status: str, **changes: object) -> None:
+    def _move(self, status: ResponseStatus, **changes: object) -> None:
         allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
         if status not in allowed:
             raise IllegalTransition(f"response cannot move from {self._response.status} to {status}")
@@ -353,7 +356,7 @@ class ResponseBuilder:
             raise IllegalTransition("response already started")
         self._started = True
         events = [self._event(ResponseCreated, sequence_number=self._next(), response=self._response)]
-        if self._response.status == "queued":
+        if self._response.status is ResponseStatus.QUEUED:
             events.append(self._event(ResponseQueued, sequence_number=self._next(), response=self._response))
         else:
             events.append(self._event(ResponseInProgress, sequence_number=self._next(), response=self._response))
@@ -362,15 +365,15 @@ class ResponseBuilder:
     def begin(self) -> list[Event]:
         """A queued response starts running: ``response.in_progress``."""
         self._require_running(queued_ok=True)
-        self._move("in_progress")
+        self._move(ResponseStatus.IN_PROGRESS)
         return [self._event(ResponseInProgress, sequence_number=self._next(), response=self._response)]
 
     def _require_running(self, *, queued_ok: bool = False) -> None:
         if not self._started:
             raise IllegalTransition("response not started")
-        if self._response.status == "queued" and queued_ok:
+        if self._response.status is ResponseStatus.QUEUED and queued_ok:
             return
-        if self._response.status != "in_progress":
+        if self._response.status is not ResponseStatus.IN_PROGRESS:
             raise IllegalTransition(f"response is {self._response.status}, not in_progress")
 
     # ------------------------------------------------------------ deltas
@@ -389,15 +392,15 @@ class ResponseBuilder:
 
     def _text(self, delta: TextDelta) -> list[Event]:
         if not self._logprobs:
-            return self._stream_text("message", self._open_message, OutputTextDelta, delta.text)
-        return self._stream_text("message", self._open_message, OutputTextDelta, delta.text, delta.logprobs)
+            return self._stream_text(ItemType.MESSAGE, self._open_message, OutputTextDelta, delta.text)
+        return self._stream_text(ItemType.MESSAGE, self._open_message, OutputTextDelta, delta.text, delta.logprobs)
 
     def _reasoning(self, text: str) -> list[Event]:
-        return self._stream_text("reasoning", self._open_reasoning, ReasoningDeltaEvent, text)
+        return self._stream_text(ItemType.REASONING, self._open_reasoning, ReasoningDeltaEvent, text)
 
     def _stream_text(
         self,
-        kind: str,
+        kind: ItemType,
         open_item: Callable[[], list[Event]],
         delta_event: type[OutputTextDelta] | type[ReasoningDeltaEvent],
         text: str,
@@ -410,7 +413,7 @@ class ResponseBuilder:
         events: list[Event] = []
         item = self._open
         if item is None or item.kind != kind:
-            events += self._close_open("completed")
+            events += self._close_open(ItemStatus.COMPLETED)
             events += open_item()
             item = self._open
             assert item is not None
@@ -442,12 +445,12 @@ class ResponseBuilder:
         self._require_running()
         events: list[Event] = []
         item = self._open
-        if item is None or item.kind != "function_call" or item.tool_index != delta.index:
+        if item is None or item.kind is not ItemType.FUNCTION_CALL or item.tool_index != delta.index:
             if delta.index in self._closed_tool_indexes:
                 raise IllegalTransition(f"tool call {delta.index} continued after it was closed")
             if not delta.name:
                 raise IllegalTransition(f"tool call {delta.index} started without a name")
-            events += self._close_open("completed")
+            events += self._close_open(ItemStatus.COMPLETED)
             events += self._open_function_call(delta.index, delta.name)
             item = self._open
             assert item is not None
@@ -470,13 +473,13 @@ class ResponseBuilder:
         return len(self._output)
 
     def _open_message(self) -> list[Event]:
-        item = _OpenItem("message", self._next_index(), ids.message_id())
+        item = _OpenItem(ItemType.MESSAGE, self._next_index(), ids.message_id())
         self._open = item
         if self._quiet:
             return self._unread(OutputItemAdded, ContentPartAdded)
         return [
             self._event(OutputItemAdded, sequence_number=self._next(), output_index=item.output_index,
-                        item=Message(id=item.item_id, status="in_progress", role="assistant", content=[])),
+                        item=Message(id=item.item_id, status=ItemStatus.IN_PROGRESS, role="assistant", content=[])),
             self._event(ContentPartAdded, sequence_number=self._next(), item_id=item.item_id,
                         output_index=item.output_index, content_index=0,
                         part=OutputText(text="", logprobs=[] if self._logprobs else None)),
@@ -486,7 +489,7 @@ class ResponseBuilder:
         offered = self._offered.get(name)
         custom = offered is not None and offered.custom
         item = _OpenItem(
-            "function_call",
+            ItemType.FUNCTION_CALL,
             self._next_index(),
             ids.custom_tool_call_id() if custom else ids.function_call_id(),
             call_id=ids.call_id(),
@@ -499,38 +502,38 @@ class ResponseBuilder:
         if self._quiet:
             return self._unread(OutputItemAdded)
         return [self._event(OutputItemAdded, sequence_number=self._next(), output_index=item.output_index,
-                            item=_call_item(item, "", "in_progress"))]
+                            item=_call_item(item, "", ItemStatus.IN_PROGRESS))]
 
     def _open_reasoning(self) -> list[Event]:
-        item = _OpenItem("reasoning", self._next_index(), ids.reasoning_id())
+        item = _OpenItem(ItemType.REASONING, self._next_index(), ids.reasoning_id())
         self._open = item
         if self._quiet:
             return self._unread(OutputItemAdded, ContentPartAdded)
         return [
             self._event(OutputItemAdded, sequence_number=self._next(), output_index=item.output_index,
-                        item=Reasoning(id=item.item_id, summary=[], status="in_progress")),
+                        item=Reasoning(id=item.item_id, summary=[], status=ItemStatus.IN_PROGRESS)),
             self._event(ContentPartAdded, sequence_number=self._next(), item_id=item.item_id,
                         output_index=item.output_index, content_index=0, part=ReasoningText(text="")),
         ]
 
     # ------------------------------------------------------------ closing items
 
-    def _close_open(self, status: str) -> list[Event]:
+    def _close_open(self, status: ItemStatus) -> list[Event]:
         item = self._open
         if item is None:
             return []
         self._open = None
         text = "".join(item.chunks)
-        if item.kind == "message":
+        if item.kind is ItemType.MESSAGE:
             return self._close_message(item, text, status)
-        if item.kind == "function_call":
+        if item.kind is ItemType.FUNCTION_CALL:
             self._closed_tool_indexes.add(item.tool_index)
             return self._close_function_call(item, text, status)
         return self._close_reasoning(item, text, status)
 
-    def _close_message(self, item: _OpenItem, text: str, status: str) -> list[Event]:
+    def _close_message(self, item: _OpenItem, text: str, status: ItemStatus) -> list[Event]:
         part = self._output_text(item, text)
-        final = Message(id=item.item_id, status=status, role="assistant", content=[part])  # type: ignore[arg-type]
+        final = Message(id=item.item_id, status=status, role="assistant", content=[part])
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
         return [
@@ -543,7 +546,7 @@ class ResponseBuilder:
         """A message's final part; logprobs that never got text are left out."""
         return OutputText(text=text, logprobs=list(item.logprobs) if self._logprobs else None)
 
-    def _close_function_call(self, item: _OpenItem, arguments: str, status: str) -> list[Event]:
+    def _close_function_call(self, item: _OpenItem, arguments: str, status: ItemStatus) -> list[Event]:
         final = _call_item(item, arguments, status)
         self._output.append(final)
         if item.custom:
@@ -557,7 +560,7 @@ class ResponseBuilder:
             self._event(OutputItemDone, sequence_number=self._next(), output_index=item.output_index, item=final),
         ]
 
-    def _close_reasoning(self, item: _OpenItem, text: str, status: str) -> list[Event]:
+    def _close_reasoning(self, item: _OpenItem, text: str, status: ItemStatus) -> list[Event]:
         part = ReasoningText(text=text)
         sealed = self._seal_reasoning(text) if self._seal_reasoning is not None else None
         final = Reasoning(
@@ -565,7 +568,7 @@ class ResponseBuilder:
             summary=[],
             content=[part],
             encrypted_content=sealed,
-            status=status,  # type: ignore[arg-type]
+            status=status,
         )
         self._output.append(final)
         common = {"item_id": item.item_id, "output_index": item.output_index, "content_index": 0}
@@ -589,24 +592,26 @@ class ResponseBuilder:
         events: list[Event] = []
         if self._open is None and not self._output:
             events += self._open_message()
-        events += self._close_open("completed")
-        self._move("completed", output=list(self._output), usage=_usage(usage), completed_at=int(self._clock()))
+        events += self._close_open(ItemStatus.COMPLETED)
+        self._move(ResponseStatus.COMPLETED, output=list(self._output), usage=_usage(usage),
+                   completed_at=int(self._clock()))
         events.append(self._event(ResponseCompleted, sequence_number=self._next(), response=self._response))
         return events
 
-    def stop(self, reason: str, usage: BackendUsage | None = None, *, status: str = "incomplete") -> list[Event]:
+    def stop(self, reason: str, usage: BackendUsage | None = None, *,
+             status: ResponseStatus = ResponseStatus.INCOMPLETE) -> list[Event]:
         """End early: the open item is closed ``incomplete`` and the response ends with
         ``response.incomplete`` carrying ``incomplete_details.reason``. ``status`` is
         ``incomplete``, or ``cancelled`` for a response stopped at the client's request
         (a documented superset status; its terminal event is still ``response.incomplete``)."""
         self._require_running(queued_ok=True)
-        events = self._close_open("incomplete")
+        events = self._close_open(ItemStatus.INCOMPLETE)
         self._move(
             status,
             output=list(self._output),
             usage=_usage(usage),
             # a cancelled response is not "incomplete": its details stay null, as OpenAI's do
-            incomplete_details=IncompleteDetails(reason=reason) if status == "incomplete" else None,
+            incomplete_details=IncompleteDetails(reason=reason) if status is ResponseStatus.INCOMPLETE else None,
         )
         events.append(self._event(ResponseIncomplete, sequence_number=self._next(), response=self._response))
         return events
@@ -624,7 +629,7 @@ class ResponseBuilder:
         if self._error_events:
             events.append(self._event(ErrorEvent, sequence_number=self._next(), error=ErrorPayload(**error.payload())))
         self._move(
-            "failed",
+            ResponseStatus.FAILED,
             output=[*self._output, *partial],
             usage=_usage(usage),
             error=ResponseError(**error.response_error()),
@@ -641,14 +646,14 @@ class ResponseBuilder:
         terminal event is sent, so one that is not must not be announced as completed.
         An ``incomplete`` (or ``cancelled``) end is not taken back: its items were closed
         ``incomplete``, which only ``response.incomplete`` may follow."""
-        if self._response.status != "completed":
+        if self._response.status is not ResponseStatus.COMPLETED:
             raise IllegalTransition(f"a {self._response.status} response's end is not taken back")
         self._sequence -= 1
         events: list[Event] = []
         if self._error_events:
             events.append(self._event(ErrorEvent, sequence_number=self._next(), error=ErrorPayload(**error.payload())))
         self._response = self._response.model_copy(update={
-            "status": "failed", "error": ResponseError(**error.response_error()), "completed_at": None,
+            "status": ResponseStatus.FAILED, "error": ResponseError(**error.response_error()), "completed_at": None,
         })
         events.append(self._event(ResponseFailed, sequence_number=self._next(), response=self._response))
         return events
@@ -660,16 +665,17 @@ class ResponseBuilder:
             return []
         self._open = None
         text = "".join(item.chunks)
-        if item.kind == "message":
+        if item.kind is ItemType.MESSAGE:
             part = self._output_text(item, text)
-            return [Message(id=item.item_id, status="incomplete", role="assistant", content=[part])]
-        if item.kind == "function_call":
-            return [_call_item(item, text, "incomplete")]
-        return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)], status="incomplete")]
+            return [Message(id=item.item_id, status=ItemStatus.INCOMPLETE, role="assistant", content=[part])]
+        if item.kind is ItemType.FUNCTION_CALL:
+            return [_call_item(item, text, ItemStatus.INCOMPLETE)]
+        return [Reasoning(id=item.item_id, summary=[], content=[ReasoningText(text=text)],
+                          status=ItemStatus.INCOMPLETE)]
 
     def cancel(self) -> list[Event]:
         """Stop at the client's request (background cancel): ``cancelled``."""
-        return self.stop("cancelled", status="cancelled")
+        return self.stop("cancelled", status=ResponseStatus.CANCELLED)
 
 
 _FLOOR = -9999.0
@@ -714,14 +720,14 @@ def _usage(usage: BackendUsage | None) -> Usage | None:
     )
 
 
-def _call_item(item: _OpenItem, arguments: str, status: str) -> FunctionCall | CustomToolCall:
+def _call_item(item: _OpenItem, arguments: str, status: ItemStatus) -> FunctionCall | CustomToolCall:
     """The wire item of a call: a ``function_call``, or a ``custom_tool_call`` whose
     input is the one argument (as written so far, when the call was cut short)."""
     if item.custom:
         return CustomToolCall(id=item.item_id, call_id=item.call_id, name=item.name,
-                              input=_custom_input(arguments), status=status)  # type: ignore[arg-type]
+                              input=_custom_input(arguments), status=status)
     return FunctionCall(id=item.item_id, call_id=item.call_id, name=item.name, arguments=arguments,
-                        status=status, namespace=item.namespace)  # type: ignore[arg-type]
+                        status=status, namespace=item.namespace)
 
 
 def _custom_input(arguments: str) -> str:

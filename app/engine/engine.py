@@ -41,6 +41,7 @@ from app.errors import InvalidRequest
 from app.metrics import Metrics, note_model
 from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
+from app.protocol.states import ResponseStatus
 from app.protocol.tools import AllowedToolsParam, CustomToolParam, SpecificFunctionParam, UnsupportedToolParam
 from app.schemas import SchemaLimits, compile_schema
 from app.store.base import ResponseStore
@@ -210,7 +211,7 @@ class Engine:
         await backend.check(request)
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
-            status="queued" if body.background else "in_progress",
+            status=ResponseStatus.QUEUED if body.background else ResponseStatus.IN_PROGRESS,
         )
         wants_sealed_reasoning = "reasoning.encrypted_content" in (body.include or [])
         if wants_sealed_reasoning and self.sealer is None:

@@ -77,6 +77,7 @@ from app.protocol.responses import (
     CreateResponseBody,
     ResponseResource,
 )
+from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.turn")
@@ -346,7 +347,7 @@ class Turn:
                 whole, self._whole = self._whole, None
                 yield whole
                 return
-            if self._queue is None and builder.status != "queued":
+            if self._queue is None and builder.status is not ResponseStatus.QUEUED:
                 # The model's request leaves before the start is made and sent (turns
                 # of the loop let the pump send it); a stored stream's pump is running
                 # already (:meth:`open`).
@@ -355,7 +356,7 @@ class Turn:
                     await asyncio.sleep(0)
             began = True
             batch = [self._emit(event) for event in builder.start()]
-            if builder.status == "queued":
+            if builder.status is ResponseStatus.QUEUED:
                 yield batch
                 batch = [self._emit(event) for event in builder.begin()]
                 await self._record_status()
@@ -585,7 +586,7 @@ class Turn:
         try:
             if self.store is not None and not self._defer:
                 self._start_pump()  # the model starts while the start is recorded
-                if busy and self.builder.status != "queued":
+                if busy and self.builder.status is not ResponseStatus.QUEUED:
                     try:
                         whole = await self._answered_at_once()
                     except BaseException:  # the client left meanwhile: the model stops
@@ -774,7 +775,7 @@ class Turn:
         terminal event back until the turn has ended)."""
         error = self._unrecorded
         assert error is not None
-        if self.builder.status != "completed":
+        if self.builder.status is not ResponseStatus.COMPLETED:
             return last
         terminal = last.pop()
         if self.emitted and self.emitted[-1] is terminal:

@@ -18,6 +18,7 @@ from app.engine.body_decoding import decode_body
 from app.engine.runs import LiveTurns
 from app.engine.turn import Turn
 from app.protocol.responses import ResponseResource
+from app.protocol.states import ResponseStatus
 from app.transport.deps import (
     DrainDep,
     EngineDep,
@@ -75,7 +76,7 @@ async def create_response(request: Request, engine: EngineDep, tenant: TenantDep
         response = await _run_while_connected(request, turn, live)
     if response is None:  # the client left: nobody to answer
         return client_left()
-    if response.status == "failed" and turn.error is not None:
+    if response.status is ResponseStatus.FAILED and turn.error is not None:
         return error_response(turn.error)
     if turn.answer is not None:  # serialized once, for the store and for the client
         return Response(turn.answer, media_type="application/json")

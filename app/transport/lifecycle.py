@@ -13,6 +13,7 @@ from app import jsontext
 from app.engine.engine import Engine
 from app.engine.turn import Emitted
 from app.errors import InvalidRequest, NotFound
+from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 from app.transport.deps import EngineDep, LiveDep, StreamOptionsDep, TenantDep, resource_json
 from app.transport.sse import replay_events, stream_emitted
@@ -43,7 +44,7 @@ async def retrieve_response(
         raise _not_found(response_id)
     if not stream:
         return _json(stored.resource)
-    if stored.status in ("queued", "in_progress"):
+    if not ResponseStatus(stored.status).final:
         elsewhere = _store(engine).follow_elsewhere(tenant, response_id, starting_after)
         if elsewhere is not None:  # another process runs it: follow it there
             return stream_emitted((Emitted(event.type, event.data) async for event in elsewhere), stream_options)
@@ -89,7 +90,7 @@ async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep
         raise _not_found(response_id)
     if not stored.background:
         raise _not_background()
-    if stored.status in ("queued", "in_progress"):
+    if not ResponseStatus(stored.status).final:
         stored = await store.cancel(tenant, response_id)
         if stored is None:  # deleted meanwhile
             raise _not_found(response_id)

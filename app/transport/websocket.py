@@ -53,6 +53,7 @@ from app.engine.limits import RequestLimits
 from app.engine.runs import LiveTurns
 from app.engine.turn import Turn
 from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
+from app.protocol.states import ResponseStatus
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import error_response
@@ -251,7 +252,7 @@ class Connection:
                             await self.socket.send_text(emitted.data)
         finally:
             self.current = None
-        if turn.response.status in ("failed", "cancelled"):
+        if turn.response.status in (ResponseStatus.FAILED, ResponseStatus.CANCELLED):
             self._evict_referenced(data)
         else:
             self.history.remember(turn, past)

@@ -57,14 +57,20 @@ class Engine:
     def __init__(
         self,
         router: ModelRouter,
+        *,
         store: ResponseStore | None = None,
         sealer: Sealer | None = None,
-        *,
+        history_cache: HistoryCache | None = None,
+        metrics: Metrics | None = None,
         foreign_items: str = "reject",
         gate_unknown_tool: UnknownToolPolicy = "accept",
         max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
         limits: RequestLimits = RequestLimits(),
     ) -> None:
+        """Everything the engine works with is given here, and never replaced: the
+        response store (``None``: nothing is stored), the sealer of encrypted content
+        (``None``: none is made or opened), the cache of recorded conversations, and
+        what ``/metrics`` counts."""
         self.router = router
         self.store = store
         self.sealer = sealer
@@ -76,13 +82,13 @@ class Engine:
         """The largest image a data URL may carry, decoded."""
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
-        self.metrics = Metrics()
-        """What the server counts; the app replaces it with the one ``/metrics`` reads."""
+        self.metrics = metrics if metrics is not None else Metrics()
+        """What the server counts (the one ``/metrics`` reads)."""
         self.in_flight = InFlight()
         """Its turns opened and not yet ended (see :meth:`Turn.open`)."""
-        self.history_cache: HistoryCache | None = None
+        self.history_cache = history_cache
         """Chains of responses recorded here, so a long conversation's next turn does not
-        reload it (see :mod:`app.engine.history`); set by the app."""
+        reload it (see :mod:`app.engine.history`)."""
 
     async def _assemble(self, data: Any, history: HistorySource) -> _Assembled:
         """Steps 1 to 4 of the module's list, up to the context before it is fitted."""

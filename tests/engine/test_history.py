@@ -36,9 +36,10 @@ async def test_a_cached_history_equals_the_stored_one(tmp_path: Path) -> None:
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
-        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store)
-        engine.history_cache = HistoryCache(16)
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store,
+                        history_cache=HistoryCache(16))
         ids = await _chain_of_three(store, engine)
+        assert engine.history_cache is not None
         cached = await StoredHistory(store, "t", engine.history_cache).load(ids[-1])
         assert engine.history_cache.get("t", ids[-1]) is cached
         fresh = await StoredHistory(store, "t").load(ids[-1])
@@ -54,8 +55,8 @@ async def test_a_deleted_response_is_gone_even_when_cached(tmp_path: Path) -> No
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
-        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store)
-        engine.history_cache = HistoryCache(16)
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store,
+                        history_cache=HistoryCache(16))
         ids = await _chain_of_three(store, engine)
         assert engine.history_cache.get("t", ids[-1]) is not None
         assert await store.delete("t", ids[-1])

@@ -65,24 +65,19 @@ from typing import Any, NamedTuple
 import anyio
 
 from app.backends.base import Backend, GenerationRequest
-from app.engine.builder import Event, ResponseBuilder
+from app.engine.builder import ResponseBuilder
 from app.engine.handoff import Handoff
 from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.recording import Recording
 from app.engine.tools import ToolCallGuard, enforce_tool_policy
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
-from app.protocol.events import RESPONSE_EVENTS
-from app.protocol.responses import (
-    CreateResponseBody,
-    ResponseResource,
-)
+from app.protocol.events import StreamEvent, serialize_event
+from app.protocol.responses import CreateResponseBody, ResponseResource, response_json
 from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.turn")
-
-_RESPONSE_EVENT_TYPES = frozenset(kind.model_fields["type"].default for kind in RESPONSE_EVENTS)
 
 _QUEUE_SIZE = 256
 _END = object()
@@ -180,13 +175,9 @@ class Turn:
         self.store = store
         self._input_items = input_items
         self.tools = tools
-        self.builder = ResponseBuilder(
-            initial,
-            error_events=error_events,
-            seal_reasoning=seal_reasoning,
-            logprobs=request.sampling.logprobs,
-            offered={f.name: f for f in body.function_tools if f.namespace or f.custom},
-        )
+        self._error_events = error_events
+        self._seal_reasoning = seal_reasoning
+        self.builder = self._builder(events=True)
         self.error: ORSError | None = None
         self.start_error: BaseException | None = None
         """What ended the turn before its first event, if anything did."""
@@ -211,11 +202,20 @@ class Turn:
         waits for the model."""
         self._defer = False
         self._serialize = True
-        self._last_response_json: tuple[ResponseResource, str] | None = None
         self._recording = None if store is None else Recording(
             store, tenant=tenant, response_id=initial.id, tools=tools, input_items=input_items,
             on_recorded=on_recorded)
         """What it writes (``store: true``; :mod:`app.engine.recording`)."""
+
+    def _builder(self, *, events: bool) -> ResponseBuilder:
+        return ResponseBuilder(
+            self.initial,
+            error_events=self._error_events,
+            seal_reasoning=self._seal_reasoning,
+            logprobs=self.request.sampling.logprobs,
+            offered={f.name: f for f in self.body.function_tools if f.namespace or f.custom},
+            events=events,
+        )
 
     @property
     def id(self) -> str:
@@ -364,7 +364,8 @@ class Turn:
             queue = self._queue
             assert queue is not None
             if queue.empty() or self._control is not None:
-                yield batch
+                if batch:
+                    yield batch
                 batch = []
             # else the model's output came while the start was recorded: it joins the
             # start's batch (one send), as any output already queued joins a batch
@@ -430,7 +431,7 @@ class Turn:
             return True
         return self.builder.finished and (self._recording is None or self._recording.end_written)
 
-    def _next_events(self, got: object) -> list[Event]:
+    def _next_events(self, got: object) -> list[StreamEvent]:
         builder = self.builder
         try:
             if isinstance(got, _Cancelled):
@@ -509,33 +510,12 @@ class Turn:
                 self._tell_first_put()
             await stream.aclose()  # type: ignore[attr-defined]
 
-    def _emit(self, event: Event) -> Emitted:
-        if not self._serialize:
-            data = ""
-        elif event.type in _RESPONSE_EVENT_TYPES:  # the response's JSON, made once per snapshot
-            data = (f'{{"type":"{event.type}","sequence_number":{event.sequence_number},'
-                    f'"response":{self._response_json(event.response)}}}')  # type: ignore[attr-defined]
-        else:
-            data = event.model_dump_json()
-        emitted = Emitted(event.type, data)
+    def _emit(self, event: StreamEvent) -> Emitted:
+        emitted = Emitted(event.type, serialize_event(event))
         self.emitted.append(emitted)
         if self._watchers:  # most turns have none: no call per event to find that out
             self._wake()
         return emitted
-
-    def _response_json(self, resource: ResponseResource) -> str:
-        """``resource`` as JSON, made once per snapshot: the builder makes a new snapshot
-        at each change of the response, and ``response.created`` and
-        ``response.in_progress`` carry the same one, as the terminal event and the final
-        response recorded and answered do. A Codex turn's response (its tools and
-        instructions echoed) is about 34 KB, 57 µs to serialize: two of the four
-        serializations of a stored turn are saved."""
-        cached = self._last_response_json
-        if cached is not None and cached[0] is resource:
-            return cached[1]
-        text = resource.model_dump_json()
-        self._last_response_json = (resource, text)
-        return text
 
     async def run(self) -> ResponseResource:
         """Drain the events; the terminal response."""
@@ -703,10 +683,9 @@ class Turn:
             self._unread()
 
     def _unread(self) -> None:
-        """Keep no events: the builder's are stand-ins (every state machine still runs,
-        :meth:`ResponseBuilder.quiet`), and none is serialized."""
+        """Make and keep no events (every state machine of the builder still runs)."""
         self._serialize = False
-        self.builder.quiet()
+        self.builder = self._builder(events=False)
 
     async def discard(self) -> None:
         """End a turn that was opened but never driven (its client left before the
@@ -724,12 +703,12 @@ class Turn:
     async def _record_begin(self) -> None:
         if self._recording is not None:  # deferred: written with the end, by _record_end
             resource = self.builder.response
-            await self._recording.begin(resource, None if self._defer else self._response_json(resource))
+            await self._recording.begin(resource, None if self._defer else response_json(resource))
 
     async def _record_status(self) -> None:
         if self._recording is not None:
             resource = self.builder.response
-            await self._recording.status(resource, self._response_json(resource))
+            await self._recording.status(resource, response_json(resource))
 
     async def _settle(self) -> None:
         """Record the end (once) and mark the turn ended."""
@@ -751,7 +730,7 @@ class Turn:
         what the write raised."""
         assert self._recording is not None
         resource = self.builder.response
-        await self._recording.end(resource, self._response_json(resource), self._kept_events())
+        await self._recording.end(resource, response_json(resource), self._kept_events())
 
     async def _record_later(self) -> None:
         """The end the client was told (the failure that replaced an unrecorded end, or
@@ -759,7 +738,7 @@ class Turn:
         (:meth:`Recording.end_later`)."""
         if self._recording is not None:
             resource = self.builder.response
-            await self._recording.end_later(resource, self._response_json(resource), self._kept_events())
+            await self._recording.end_later(resource, response_json(resource), self._kept_events())
 
     def _kept_events(self) -> list[str] | None:
         """The events to store with the end; ``None`` when nobody reads them."""
@@ -777,8 +756,9 @@ class Turn:
         assert error is not None
         if self.builder.status is not ResponseStatus.COMPLETED:
             return last
-        terminal = last.pop()
-        if self.emitted and self.emitted[-1] is terminal:
-            self.emitted.pop()
+        if last:  # none when nobody reads the events
+            terminal = last.pop()
+            if self.emitted and self.emitted[-1] is terminal:
+                self.emitted.pop()
         self.error = error
         return last + [self._emit(event) for event in self.builder.unrecorded(error)]

@@ -19,8 +19,8 @@ from app.backends.http_client import Pool
 from app.config import Settings
 from app.engine.engine import Engine
 from app.engine.history import HistoryCache
+from app.engine.live import LiveRuns
 from app.engine.models import ModelRouter, Route
-from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.metrics import Metrics
 from app.store.factory import open_store, open_when_reachable
@@ -155,18 +155,19 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
                        positional_tenants=authenticator.positional_tenants())
     sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
+    live = LiveRuns()
     engine = Engine(
         router,
         store=store,
         sealer=sealer,
         history_cache=HistoryCache(settings.history_cache_entries),
         metrics=metrics,
+        live=live,
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,
         limits=settings.request_limits(),
     )
-    live = LiveTurns()
     drain = Drain()
     limiter = rate_limiter(rpm=settings.rate_limit_rpm, concurrent=settings.rate_limit_concurrent,
                            redis_url=settings.redis_url, redis_prefix=settings.redis_prefix)
@@ -177,7 +178,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         drain.bind()
         await open_when_reachable(store, settings.database_wait_seconds)
         await limiter.start()
-        # a cancel recorded by any replica stops the turn if it runs here
+        # a cancel recorded by any replica stops the run if it runs here
         await store.watch_cancels(live.cancel)
         # and a replica asked to follow a response that runs here is sent its events
         await store.serve_follows(live.relayed)
@@ -293,7 +294,7 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
         )
 
 
-async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
+async def _drain_when_asked(drain: Drain, live: LiveRuns) -> None:
     await drain.wait()
     await live.drain()
 

@@ -1,15 +1,16 @@
-"""What a stored turn writes, and when: the store's side of a :class:`~app.engine.turn.Turn`.
+"""What a stored run writes, and when: the store's side of a :class:`~app.engine.run.Run`.
 
-A turn with ``store: true`` has one :class:`Recording`. The turn decides when (its
-contract, in :mod:`app.engine.turn`); the recording knows what each write holds:
+A run with ``store: true`` has one :class:`Recording`. The run decides when (its
+contract, in :mod:`app.engine.run`, from its delivery); the recording knows what each
+write holds:
 
 * **The start** (:meth:`Recording.begin`): the response's row with its initial snapshot,
   its tools and its input items (stored form, ids given), before the first event is
-  sent. A response recorded only whole (a plain JSON answer, a stored stream answered at
-  once) defers it: the start is kept and goes in with the end, in one transaction.
+  sent. A response recorded only whole (a JSON answer) defers it: the start is kept and
+  goes in with the end, in one transaction.
 * **A step between starts** (:meth:`Recording.status`): ``queued`` → ``in_progress``.
 * **The end** (:meth:`Recording.end`): the final snapshot, the output items and the
-  events (``None`` for a turn whose events nobody reads), before the terminal event is
+  events (``None`` for a run whose events nobody reads), before the terminal event is
   sent. The final snapshot is serialized once (:attr:`Recording.answer`): the store
   writes it and a JSON answer sends it. Once written, the output is handed to
   ``on_recorded`` (the history kept for a continuation). The end is written once: a
@@ -32,13 +33,11 @@ JSON = dict[str, Any]
 
 
 class Recording:
-    """The writes of one stored turn (see the module). ``input_items`` gives the request's
+    """The writes of one stored run (see the module). ``input_items`` gives the request's
     input items in stored form (made when first asked for). Each write is given the
-    snapshot's JSON by the turn, which makes each snapshot's JSON once. It holds nothing
-    of the turn: a turn that referred to itself through its recording would be freed
-    only by the cyclic collector, which ``ors serve`` runs rarely (``settle_heap``); a
-    recording that held the turn's own serializer cost stored streams about a tenth of
-    their throughput."""
+    snapshot's JSON by the run. It holds nothing of the run: a run that referred to
+    itself through its recording would be freed only by the cyclic collector, which
+    ``ors serve`` runs rarely (``settle_heap``)."""
 
     def __init__(
         self,

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from app import jsontext
 from app.engine.engine import Engine
-from app.engine.turn import Emitted
+from app.engine.event_log import Emitted
 from app.errors import InvalidRequest, NotFound
 from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
@@ -74,7 +74,7 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
     """Cancel a background response, wherever it runs; a finished one is returned
-    unchanged. Running here, the turn is stopped and its own end (with the output made so
+    unchanged. Running here, the run is stopped and its own end (with the output made so
     far) is the answer; running on another replica (or nowhere any more), the cancel is
     recorded in the store, which tells the replica that runs it (``app.store.cancels``)."""
     running = live.get(tenant, response_id)

@@ -16,6 +16,7 @@ from app.engine.models import ModelRouter
 from app.errors import PreviousResponseNotFound
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
+from tests.engine.conftest import run_of
 
 pytestmark = pytest.mark.anyio
 
@@ -26,9 +27,9 @@ async def _chain_of_three(store: SqlResponseStore, engine: Engine) -> list[str]:
         body: dict[str, Any] = {"model": "m", "input": word}
         if ids:
             body["previous_response_id"] = ids[-1]
-        turn = await engine.prepare(body, tenant="t", history=StoredHistory(store, "t", engine.history_cache))
-        await turn.run()
-        ids.append(turn.id)
+        run = await run_of(engine, body, history=StoredHistory(store, "t", engine.history_cache))
+        await run.final()
+        ids.append(run.id)
     return ids
 
 

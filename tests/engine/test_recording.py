@@ -1,7 +1,7 @@
-"""What a stored turn writes (``app.engine.recording``), against the real SQL store on
+"""What a stored run writes (``app.engine.recording``), against the real SQL store on
 SQLite: a start then an end, a start deferred to the end (one write), a step between
-starts, and an end handed over to be written later. (The turns that decide when each is
-written are tested in the other ``test_turn_*`` modules.)"""
+starts, and an end handed over to be written later. (When each is written, by delivery:
+``test_run_recording``.)"""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import pytest
 from app.backends.base import Finish, TextDelta, Usage
 from app.backends.scripted import Script, ScriptedBackend, text_script
 from app.engine.builder import ResponseBuilder
+from app.engine.delivery import Delivery
 from app.engine.echo import initial_response
 from app.engine.engine import Engine
-from app.engine.history import NoHistory
 from app.engine.models import ModelRouter
 from app.engine.recording import Recording
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.store.sql import SqlResponseStore
-from tests.engine.conftest import counted_writes
+from tests.engine.conftest import counted_writes, run_of
 
 pytestmark = pytest.mark.anyio
 
@@ -137,28 +137,29 @@ async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
     assert "resp_e" not in caplog.text  # the store was given no late end to try
 
 
-@pytest.mark.parametrize("stored", [True, False])
-@pytest.mark.parametrize("stream", [True, False])
-async def test_a_finished_turn_is_freed_as_soon_as_it_is_let_go(
-    store: SqlResponseStore, stored: bool, stream: bool
+@pytest.mark.parametrize(("delivery", "stored"), [
+    (delivery, stored) for delivery in Delivery for stored in (True, False)
+    if stored or delivery is not Delivery.BACKGROUND  # a background response is always stored
+])
+async def test_a_finished_run_is_freed_as_soon_as_it_is_let_go(
+    store: SqlResponseStore, stored: bool, delivery: Delivery
 ) -> None:
-    """No reference cycle through a turn (its recording included): a finished turn is
-    freed by reference counting, not left to the cyclic collector, which ``ors serve``
-    runs rarely. (A recording that held the turn's own serializer kept every stored turn
-    alive until a collection.)"""
+    """No reference cycle through a run (its recording, event log and feed included): a
+    finished run is freed by reference counting, not left to the cyclic collector, which
+    ``ors serve`` runs rarely."""
     engine = Engine(ModelRouter([ScriptedBackend({"m": Script(text_script("Hello"))})], "m"), store=store)
-    turn = await engine.prepare({"model": "m", "input": "Hi", "stream": stream, "store": stored}, tenant="t",
-                                history=NoHistory(), whole_unless_streamed=True)
-    if not stream:  # as the HTTP transport drives a JSON answer
-        turn.defer_recording()
-        turn.unread()
-    await turn.open()
-    [batch async for batch in turn.batches()]
-    assert ((await store.get("t", turn.id)) is not None) == stored
-    gone = weakref.ref(turn)
+    body = {"model": "m", "input": "Hi", "store": stored, "background": delivery is Delivery.BACKGROUND}
+    run = await run_of(engine, body, delivery)
+    if delivery is Delivery.BACKGROUND:
+        await run.wait_ended()
+        await asyncio.sleep(0)  # the driving task's own end
+    else:
+        [batch async for batch in run.batches()]
+    assert ((await store.get("t", run.id)) is not None) == stored
+    gone = weakref.ref(run)
     gc.disable()
     try:
-        del turn
+        del run
         assert gone() is None
     finally:
         gc.enable()

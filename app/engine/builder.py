@@ -22,7 +22,8 @@ Items are streamed one after the other (``output_index`` 0, 1, 2 …): a delta o
 kind, or for another tool call, closes the open item before opening the next. Wire
 objects are never mutated after they are handed out: ``output_item.added`` carries a
 fresh zero-value item, and ``output_item.done`` the final one, which is the same object
-that goes into ``response.output`` (the items themselves: :mod:`app.engine.output_items`).
+that goes into ``response.output`` (the items and their events:
+:mod:`app.engine.output_items`).
 
 The events are the wire models of :mod:`app.protocol.events` (validated as they are
 made), and become JSON only through :func:`app.protocol.events.serialize_event`.
@@ -42,45 +43,16 @@ snapshot of the response as any other, and its methods return no events.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
 
-from app.backends.base import (
-    Delta,
-    Finish,
-    FinishReason,
-    ReasoningDelta,
-    TextDelta,
-    TokenLogprob,
-    ToolCallDelta,
-)
+from app.backends.base import Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta
 from app.backends.base import Usage as BackendUsage
-from app.engine import ids
-from app.engine.output_items import (
-    OpenItem,
-    added_item,
-    added_part,
-    call_item,
-    message,
-    output_text,
-    reasoning,
-    wire_logprobs,
-    wire_usage,
-)
+from app.engine.output_items import EventMaker, IllegalTransition, OutputItems, wire_usage
 from app.errors import ORSError
-from app.protocol.content import ReasoningText
 from app.protocol.events import (
-    ContentPartAdded,
-    ContentPartDone,
     ErrorEvent,
     ErrorPayload,
-    FunctionCallArgumentsDelta,
-    FunctionCallArgumentsDone,
-    OutputItemAdded,
-    OutputItemDone,
     OutputTextDelta,
-    OutputTextDone,
-    ReasoningDone,
     ResponseCompleted,
     ResponseCreated,
     ResponseFailed,
@@ -95,10 +67,7 @@ from app.protocol.responses import IncompleteDetails, ResponseError, ResponseRes
 from app.protocol.states import ItemStatus, ItemType, ResponseStatus
 from app.protocol.tools import OfferedFunction
 
-
-class IllegalTransition(RuntimeError):
-    """A state machine was asked to make a move the spec forbids."""
-
+__all__ = ["IllegalTransition", "ResponseBuilder"]
 
 _RESPONSE_MOVES: dict[ResponseStatus, frozenset[ResponseStatus]] = {
     ResponseStatus.QUEUED: frozenset({ResponseStatus.IN_PROGRESS, ResponseStatus.CANCELLED, ResponseStatus.FAILED,
@@ -147,17 +116,11 @@ class ResponseBuilder:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
         self._error_events = error_events
-        self._seal_reasoning = seal_reasoning
         self._clock = clock
         self._logprobs = logprobs
-        self._offered = offered or {}
-        self._emits = events
-        self._sequence = 0
-        self._made: list[StreamEvent] = []
-        """The events of the public call in progress (:meth:`_take` hands them out)."""
-        self._output: list[OutputItem] = []
-        self._open: OpenItem | None = None
-        self._closed_tool_indexes: set[int] = set()
+        self._events = EventMaker(emits=events)
+        self._items = OutputItems(self._events, logprobs=logprobs, offered=offered or {},
+                                  seal_reasoning=seal_reasoning)
         self._started = False
 
     # ------------------------------------------------------------ state
@@ -173,25 +136,11 @@ class ResponseBuilder:
     @property
     def output(self) -> list[OutputItem]:
         """The closed output items so far (the open one is not included)."""
-        return list(self._output)
+        return list(self._items.closed)
 
     @property
     def finished(self) -> bool:
         return self._response.status.final
-
-    def _add(self, kind: type[StreamEvent], /, **fields: Any) -> None:
-        """Make the event ``kind`` of ``fields``, numbered next (none if nobody reads them)."""
-        if self._emits:
-            self._made.append(kind(sequence_number=self._next(), **fields))
-
-    def _next(self) -> int:
-        number = self._sequence
-        self._sequence += 1
-        return number
-
-    def _take(self) -> list[StreamEvent]:
-        made, self._made = self._made, []
-        return made
 
     def _move(self, status: ResponseStatus, **changes: object) -> None:
         allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
@@ -207,19 +156,19 @@ class ResponseBuilder:
         if self._started:
             raise IllegalTransition("response already started")
         self._started = True
-        self._add(ResponseCreated, response=self._response)
+        self._events.add(ResponseCreated, response=self._response)
         if self._response.status is ResponseStatus.QUEUED:
-            self._add(ResponseQueued, response=self._response)
+            self._events.add(ResponseQueued, response=self._response)
         else:
-            self._add(ResponseInProgress, response=self._response)
-        return self._take()
+            self._events.add(ResponseInProgress, response=self._response)
+        return self._events.take()
 
     def begin(self) -> list[StreamEvent]:
         """A queued response starts running: ``response.in_progress``."""
         self._require_running(queued_ok=True)
         self._move(ResponseStatus.IN_PROGRESS)
-        self._add(ResponseInProgress, response=self._response)
-        return self._take()
+        self._events.add(ResponseInProgress, response=self._response)
+        return self._events.take()
 
     def _require_running(self, *, queued_ok: bool = False) -> None:
         if not self._started:
@@ -229,144 +178,23 @@ class ResponseBuilder:
         if self._response.status is not ResponseStatus.IN_PROGRESS:
             raise IllegalTransition(f"response is {self._response.status}, not in_progress")
 
-    # ------------------------------------------------------------ deltas
-
     def feed(self, delta: Delta) -> list[StreamEvent]:
         """Apply one backend delta. ``Finish`` ends the response (see :meth:`finish`)."""
-        if isinstance(delta, TextDelta):
-            self._text(delta)
-        elif isinstance(delta, ToolCallDelta):
-            self._tool_call(delta)
-        elif isinstance(delta, ReasoningDelta):
-            self._stream_text(ItemType.REASONING, ReasoningDeltaEvent, delta.text)
-        elif isinstance(delta, Finish):
+        if isinstance(delta, Finish):
             return self.finish(delta.reason, delta.usage)
+        self._require_running()
+        if isinstance(delta, TextDelta):
+            if self._logprobs:
+                self._items.text(ItemType.MESSAGE, OutputTextDelta, delta.text, delta.logprobs)
+            else:
+                self._items.text(ItemType.MESSAGE, OutputTextDelta, delta.text)
+        elif isinstance(delta, ReasoningDelta):
+            self._items.text(ItemType.REASONING, ReasoningDeltaEvent, delta.text)
+        elif isinstance(delta, ToolCallDelta):
+            self._items.tool_call(delta)
         else:
             raise TypeError(f"not a delta: {delta!r}")
-        return self._take()
-
-    def _text(self, delta: TextDelta) -> None:
-        if not self._logprobs:
-            self._stream_text(ItemType.MESSAGE, OutputTextDelta, delta.text)
-        else:
-            self._stream_text(ItemType.MESSAGE, OutputTextDelta, delta.text, delta.logprobs)
-
-    def _stream_text(
-        self,
-        kind: ItemType,
-        delta_event: type[OutputTextDelta] | type[ReasoningDeltaEvent],
-        text: str,
-        logprobs: Sequence[TokenLogprob] | None = None,
-    ) -> None:
-        """Append ``text`` to the open item of ``kind`` (its content part 0), opening one
-        first (and closing any other) when needed. ``logprobs`` (a message's, only when
-        asked) go on the delta event and into the item's list."""
-        self._require_running()
-        item = self._open
-        if item is None or item.kind is not kind:
-            self._close_open(ItemStatus.COMPLETED)
-            item = self._open_text(kind)
-        if logprobs is None:
-            if text:
-                item.chunks.append(text)
-                self._add(delta_event, item_id=item.item_id, output_index=item.output_index, content_index=0,
-                          delta=text)
-            return
-        item.held_logprobs += wire_logprobs(logprobs)
-        if text:
-            carried, item.held_logprobs = item.held_logprobs, []
-            item.logprobs += carried
-            item.chunks.append(text)
-            self._add(delta_event, item_id=item.item_id, output_index=item.output_index, content_index=0,
-                      delta=text, logprobs=carried)
-
-    def _tool_call(self, delta: ToolCallDelta) -> None:
-        self._require_running()
-        item = self._open
-        if item is None or item.kind is not ItemType.FUNCTION_CALL or item.tool_index != delta.index:
-            if delta.index in self._closed_tool_indexes:
-                raise IllegalTransition(f"tool call {delta.index} continued after it was closed")
-            if not delta.name:
-                raise IllegalTransition(f"tool call {delta.index} started without a name")
-            self._close_open(ItemStatus.COMPLETED)
-            item = self._open_function_call(delta.index, delta.name)
-        if delta.arguments:
-            item.chunks.append(delta.arguments)
-            if not item.custom:
-                self._add(FunctionCallArgumentsDelta, item_id=item.item_id, output_index=item.output_index,
-                          delta=delta.arguments)
-
-    # ------------------------------------------------------------ opening items
-
-    def _open_text(self, kind: ItemType) -> OpenItem:
-        """Open a message or a reasoning item: ``output_item.added``, ``content_part.added``."""
-        item_id = ids.message_id() if kind is ItemType.MESSAGE else ids.reasoning_id()
-        item = self._open = OpenItem(kind, len(self._output), item_id)
-        if self._emits:
-            self._add(OutputItemAdded, output_index=item.output_index, item=added_item(item))
-            self._add(ContentPartAdded, item_id=item.item_id, output_index=item.output_index, content_index=0,
-                      part=added_part(item, logprobs=self._logprobs))
-        return item
-
-    def _open_function_call(self, tool_index: int, name: str) -> OpenItem:
-        offered = self._offered.get(name)
-        custom = offered is not None and offered.custom
-        item = self._open = OpenItem(
-            ItemType.FUNCTION_CALL,
-            len(self._output),
-            ids.custom_tool_call_id() if custom else ids.function_call_id(),
-            call_id=ids.call_id(),
-            name=offered.function if offered is not None else name,
-            namespace=offered.namespace_name if offered is not None else None,
-            custom=custom,
-            tool_index=tool_index,
-        )
-        if self._emits:
-            self._add(OutputItemAdded, output_index=item.output_index, item=added_item(item))
-        return item
-
-    # ------------------------------------------------------------ closing items
-
-    def _close_open(self, status: ItemStatus) -> None:
-        item = self._open
-        if item is None:
-            return
-        self._open = None
-        if item.kind is ItemType.MESSAGE:
-            self._close_message(item, status)
-        elif item.kind is ItemType.FUNCTION_CALL:
-            self._closed_tool_indexes.add(item.tool_index)
-            self._close_function_call(item, status)
-        else:
-            self._close_reasoning(item, status)
-
-    def _close_message(self, item: OpenItem, status: ItemStatus) -> None:
-        part = output_text(item, logprobs=self._logprobs)
-        final = message(item, part, status)
-        self._output.append(final)
-        self._add(OutputTextDone, item_id=item.item_id, output_index=item.output_index, content_index=0,
-                  text=part.text, logprobs=part.logprobs)
-        self._add(ContentPartDone, item_id=item.item_id, output_index=item.output_index, content_index=0, part=part)
-        self._add(OutputItemDone, output_index=item.output_index, item=final)
-
-    def _close_function_call(self, item: OpenItem, status: ItemStatus) -> None:
-        arguments = item.text
-        final = call_item(item, arguments, status)
-        self._output.append(final)
-        if not item.custom:
-            self._add(FunctionCallArgumentsDone, item_id=item.item_id, output_index=item.output_index,
-                      arguments=arguments)
-        self._add(OutputItemDone, output_index=item.output_index, item=final)
-
-    def _close_reasoning(self, item: OpenItem, status: ItemStatus) -> None:
-        part = ReasoningText(text=item.text)
-        sealed = self._seal_reasoning(part.text) if self._seal_reasoning is not None else None
-        final = reasoning(item, part, status, sealed)
-        self._output.append(final)
-        self._add(ReasoningDone, item_id=item.item_id, output_index=item.output_index, content_index=0,
-                  text=part.text)
-        self._add(ContentPartDone, item_id=item.item_id, output_index=item.output_index, content_index=0, part=part)
-        self._add(OutputItemDone, output_index=item.output_index, item=final)
+        return self._events.take()
 
     # ------------------------------------------------------------ terminal events
 
@@ -379,13 +207,13 @@ class ResponseBuilder:
         if incomplete_reason:
             return self.stop(incomplete_reason, usage)
         self._require_running()
-        if self._open is None and not self._output:
-            self._open_text(ItemType.MESSAGE)
-        self._close_open(ItemStatus.COMPLETED)
-        self._move(ResponseStatus.COMPLETED, output=list(self._output), usage=wire_usage(usage),
+        if self._items.empty:
+            self._items.open_text(ItemType.MESSAGE)
+        self._items.close_open(ItemStatus.COMPLETED)
+        self._move(ResponseStatus.COMPLETED, output=list(self._items.closed), usage=wire_usage(usage),
                    completed_at=int(self._clock()))
-        self._add(ResponseCompleted, response=self._response)
-        return self._take()
+        self._events.add(ResponseCompleted, response=self._response)
+        return self._events.take()
 
     def stop(self, reason: str, usage: BackendUsage | None = None, *,
              status: ResponseStatus = ResponseStatus.INCOMPLETE) -> list[StreamEvent]:
@@ -394,16 +222,16 @@ class ResponseBuilder:
         ``incomplete``, or ``cancelled`` for a response stopped at the client's request
         (a documented superset status; its terminal event is still ``response.incomplete``)."""
         self._require_running(queued_ok=True)
-        self._close_open(ItemStatus.INCOMPLETE)
+        self._items.close_open(ItemStatus.INCOMPLETE)
         self._move(
             status,
-            output=list(self._output),
+            output=list(self._items.closed),
             usage=wire_usage(usage),
             # a cancelled response is not "incomplete": its details stay null, as OpenAI's do
             incomplete_details=IncompleteDetails(reason=reason) if status is ResponseStatus.INCOMPLETE else None,
         )
-        self._add(ResponseIncomplete, response=self._response)
-        return self._take()
+        self._events.add(ResponseIncomplete, response=self._response)
+        return self._events.take()
 
     def fail(self, error: ORSError, usage: BackendUsage | None = None) -> list[StreamEvent]:
         """The response failed after it started: the ``error`` event (unless disabled),
@@ -413,17 +241,17 @@ class ResponseBuilder:
         ever marked completed and nothing streamed is lost."""
         if not self._started:
             raise IllegalTransition("a response that never started cannot fail with events")
-        partial = self._abandon_open()
+        partial = self._items.abandon_open()
         if self._error_events:
-            self._add(ErrorEvent, error=ErrorPayload(**error.payload()))
+            self._events.add(ErrorEvent, error=ErrorPayload(**error.payload()))
         self._move(
             ResponseStatus.FAILED,
-            output=[*self._output, *partial],
+            output=[*self._items.closed, *partial],
             usage=wire_usage(usage),
             error=ResponseError(**error.response_error()),
         )
-        self._add(ResponseFailed, response=self._response)
-        return self._take()
+        self._events.add(ResponseFailed, response=self._response)
+        return self._events.take()
 
     def unrecorded(self, error: ORSError) -> list[StreamEvent]:
         """The end of a ``completed`` response could not be recorded, and its terminal
@@ -436,27 +264,15 @@ class ResponseBuilder:
         ``incomplete``, which only ``response.incomplete`` may follow."""
         if self._response.status is not ResponseStatus.COMPLETED:
             raise IllegalTransition(f"a {self._response.status} response's end is not taken back")
-        if self._emits:
-            self._sequence -= 1
+        if self._events.emits:
+            self._events.sequence -= 1
         if self._error_events:
-            self._add(ErrorEvent, error=ErrorPayload(**error.payload()))
+            self._events.add(ErrorEvent, error=ErrorPayload(**error.payload()))
         self._response = self._response.model_copy(update={
             "status": ResponseStatus.FAILED, "error": ResponseError(**error.response_error()), "completed_at": None,
         })
-        self._add(ResponseFailed, response=self._response)
-        return self._take()
-
-    def _abandon_open(self) -> list[OutputItem]:
-        """The open item as an ``incomplete`` wire item, without events."""
-        item = self._open
-        if item is None:
-            return []
-        self._open = None
-        if item.kind is ItemType.MESSAGE:
-            return [message(item, output_text(item, logprobs=self._logprobs), ItemStatus.INCOMPLETE)]
-        if item.kind is ItemType.FUNCTION_CALL:
-            return [call_item(item, item.text, ItemStatus.INCOMPLETE)]
-        return [reasoning(item, ReasoningText(text=item.text), ItemStatus.INCOMPLETE)]
+        self._events.add(ResponseFailed, response=self._response)
+        return self._events.take()
 
     def cancel(self) -> list[StreamEvent]:
         """Stop at the client's request (background cancel): ``cancelled``."""

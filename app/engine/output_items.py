@@ -1,27 +1,73 @@
-"""The output items of a response as the builder makes them.
+"""The output items of a response as the builder makes them, and their events.
 
-:class:`OpenItem` is the item being streamed (its kind, position, ids and what it has
-accumulated); the functions here make its wire forms: the zero-value item and part that
-``output_item.added`` and ``content_part.added`` carry, and the final item that
-``output_item.done`` carries and ``response.output`` holds. They also convert what a
-backend reports (token logprobs, usage) into wire objects. Wire objects are never changed
-once made, so the shared ones here (:data:`NO_CACHED_TOKENS`, ...) serve every response.
+:class:`OutputItems` streams the items of one response one after the other: it opens
+the item a delta needs (closing the one before), appends what the deltas carry, and
+closes or abandons the open one when the response ends; each step makes its events
+(``output_item.added``, ``content_part.added``, the deltas, the ``*.done`` events)
+through the response's :class:`EventMaker`, which numbers them. :class:`OpenItem` is
+the item being streamed; the functions below make its wire forms (the zero-value item
+and part of the ``*.added`` events, the final item of ``output_item.done`` and
+``response.output``) and convert what a backend reports (token logprobs, usage) into
+wire objects. Wire objects are never changed once made, so the shared ones here
+(:data:`NO_CACHED_TOKENS`, ...) serve every response.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from app.backends.base import TokenLogprob
+from app.backends.base import TokenLogprob, ToolCallDelta
 from app.backends.base import Usage as BackendUsage
+from app.engine import ids
 from app.protocol.content import LogProb, OutputText, ReasoningText, StreamablePart, TopLogProb
+from app.protocol.events import (
+    ContentPartAdded,
+    ContentPartDone,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    OutputItemAdded,
+    OutputItemDone,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningDelta,
+    ReasoningDone,
+    StreamEvent,
+)
 from app.protocol.items import CustomToolCall, FunctionCall, Message, OutputItem, Reasoning
 from app.protocol.responses import InputTokensDetails, OutputTokensDetails, Usage
 from app.protocol.states import ItemStatus, ItemType
-from app.protocol.tools import CUSTOM_INPUT
+from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
+
+
+class IllegalTransition(RuntimeError):
+    """A state machine was asked to make a move the spec forbids."""
+
+
+class EventMaker:
+    """The events of one response, numbered as they are made (``sequence_number``);
+    none at all when nobody reads them (``emits`` off)."""
+
+    __slots__ = ("emits", "sequence", "made")
+
+    def __init__(self, *, emits: bool) -> None:
+        self.emits = emits
+        self.sequence = 0
+        self.made: list[StreamEvent] = []
+
+    def add(self, kind: type[StreamEvent], /, **fields: Any) -> None:
+        """Make the event ``kind`` of ``fields``, numbered next (nothing if not ``emits``)."""
+        if self.emits:
+            self.made.append(kind(sequence_number=self.sequence, **fields))
+            self.sequence += 1
+
+    def take(self) -> list[StreamEvent]:
+        """The events made since the last take."""
+        made, self.made = self.made, []
+        return made
 
 
 @dataclass(slots=True)
@@ -141,3 +187,134 @@ def wire_usage(usage: BackendUsage | None) -> Usage | None:
         output_tokens_details=(OutputTokensDetails(reasoning_tokens=reasoning_tokens) if reasoning_tokens
                                else NO_REASONING_TOKENS),
     )
+
+
+class OutputItems:
+    """The output items of one response as they stream (see the module docstring). Not
+    thread-safe; the builder's."""
+
+    def __init__(self, events: EventMaker, *, logprobs: bool, offered: Mapping[str, OfferedFunction],
+                 seal_reasoning: Callable[[str], str] | None) -> None:
+        self._events = events
+        self._logprobs = logprobs
+        self._offered = offered
+        self._seal_reasoning = seal_reasoning
+        self.closed: list[OutputItem] = []
+        """The closed items, in order (the open one is not included)."""
+        self._open: OpenItem | None = None
+        self._closed_tool_indexes: set[int] = set()
+
+    @property
+    def empty(self) -> bool:
+        """Whether no item was opened yet."""
+        return self._open is None and not self.closed
+
+    def text(self, kind: ItemType, delta_event: type[OutputTextDelta] | type[ReasoningDelta], text: str,
+             logprobs: Sequence[TokenLogprob] | None = None) -> None:
+        """Append ``text`` to the open item of ``kind`` (a message's or reasoning's
+        content part 0), opening one first (and closing any other) when needed.
+        ``logprobs`` (a message's, only when asked) go on the delta event and into the
+        item's list; those that came with no text wait for the next delta."""
+        item = self._open
+        if item is None or item.kind is not kind:
+            self.close_open(ItemStatus.COMPLETED)
+            item = self.open_text(kind)
+        if logprobs is None:
+            if text:
+                item.chunks.append(text)
+                self._events.add(delta_event, item_id=item.item_id, output_index=item.output_index,
+                                 content_index=0, delta=text)
+            return
+        item.held_logprobs += wire_logprobs(logprobs)
+        if text:
+            carried, item.held_logprobs = item.held_logprobs, []
+            item.logprobs += carried
+            item.chunks.append(text)
+            self._events.add(delta_event, item_id=item.item_id, output_index=item.output_index, content_index=0,
+                             delta=text, logprobs=carried)
+
+    def tool_call(self, delta: ToolCallDelta) -> None:
+        """A piece of the call ``delta.index``: it opens the call (closing the open item)
+        when it is a new one; its arguments are streamed (not a custom tool's input)."""
+        item = self._open
+        if item is None or item.kind is not ItemType.FUNCTION_CALL or item.tool_index != delta.index:
+            if delta.index in self._closed_tool_indexes:
+                raise IllegalTransition(f"tool call {delta.index} continued after it was closed")
+            if not delta.name:
+                raise IllegalTransition(f"tool call {delta.index} started without a name")
+            self.close_open(ItemStatus.COMPLETED)
+            item = self._open_call(delta.index, delta.name)
+        if delta.arguments:
+            item.chunks.append(delta.arguments)
+            if not item.custom:
+                self._events.add(FunctionCallArgumentsDelta, item_id=item.item_id, output_index=item.output_index,
+                                 delta=delta.arguments)
+
+    def open_text(self, kind: ItemType) -> OpenItem:
+        """Open a message or a reasoning item: ``output_item.added``, ``content_part.added``."""
+        item_id = ids.message_id() if kind is ItemType.MESSAGE else ids.reasoning_id()
+        item = self._open = OpenItem(kind, len(self.closed), item_id)
+        if self._events.emits:
+            self._events.add(OutputItemAdded, output_index=item.output_index, item=added_item(item))
+            self._events.add(ContentPartAdded, item_id=item.item_id, output_index=item.output_index,
+                             content_index=0, part=added_part(item, logprobs=self._logprobs))
+        return item
+
+    def _open_call(self, tool_index: int, name: str) -> OpenItem:
+        offered = self._offered.get(name)
+        custom = offered is not None and offered.custom
+        item = self._open = OpenItem(
+            ItemType.FUNCTION_CALL,
+            len(self.closed),
+            ids.custom_tool_call_id() if custom else ids.function_call_id(),
+            call_id=ids.call_id(),
+            name=offered.function if offered is not None else name,
+            namespace=offered.namespace_name if offered is not None else None,
+            custom=custom,
+            tool_index=tool_index,
+        )
+        if self._events.emits:
+            self._events.add(OutputItemAdded, output_index=item.output_index, item=added_item(item))
+        return item
+
+    def close_open(self, status: ItemStatus) -> None:
+        """Close the open item, if any, with ``status``: its ``*.done`` events."""
+        item = self._open
+        if item is None:
+            return
+        self._open = None
+        add = self._events.add
+        if item.kind is ItemType.MESSAGE:
+            part = output_text(item, logprobs=self._logprobs)
+            final: OutputItem = message(item, part, status)
+            add(OutputTextDone, item_id=item.item_id, output_index=item.output_index, content_index=0,
+                text=part.text, logprobs=part.logprobs)
+            add(ContentPartDone, item_id=item.item_id, output_index=item.output_index, content_index=0, part=part)
+        elif item.kind is ItemType.FUNCTION_CALL:
+            self._closed_tool_indexes.add(item.tool_index)
+            final = call_item(item, item.text, status)
+            if not item.custom:
+                add(FunctionCallArgumentsDone, item_id=item.item_id, output_index=item.output_index,
+                    arguments=item.text)
+        else:
+            reasoned = ReasoningText(text=item.text)
+            sealed = self._seal_reasoning(reasoned.text) if self._seal_reasoning is not None else None
+            final = reasoning(item, reasoned, status, sealed)
+            add(ReasoningDone, item_id=item.item_id, output_index=item.output_index, content_index=0,
+                text=reasoned.text)
+            add(ContentPartDone, item_id=item.item_id, output_index=item.output_index, content_index=0,
+                part=reasoned)
+        self.closed.append(final)
+        add(OutputItemDone, output_index=item.output_index, item=final)
+
+    def abandon_open(self) -> list[OutputItem]:
+        """The open item as an ``incomplete`` wire item, without events (none if none is open)."""
+        item = self._open
+        if item is None:
+            return []
+        self._open = None
+        if item.kind is ItemType.MESSAGE:
+            return [message(item, output_text(item, logprobs=self._logprobs), ItemStatus.INCOMPLETE)]
+        if item.kind is ItemType.FUNCTION_CALL:
+            return [call_item(item, item.text, ItemStatus.INCOMPLETE)]
+        return [reasoning(item, ReasoningText(text=item.text), ItemStatus.INCOMPLETE)]

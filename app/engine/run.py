@@ -2,10 +2,10 @@
 
 A :class:`Run` is made by :meth:`app.engine.engine.Engine.run` from a prepared request
 (:meth:`~app.engine.engine.Engine.prepare` has done everything that can fail before a
-stream) and a :class:`~app.engine.delivery.Delivery`. The transport then only reads it:
-:meth:`Run.batches` (or :meth:`Run.events`) for a stream, :meth:`Run.final` for a JSON
-answer, :meth:`Run.follow` for a background run; and it may signal it
-(:meth:`Run.cancel`, :meth:`Run.interrupt`). The run owns everything else.
+stream) and a :class:`~app.engine.delivery.Delivery`. The transport then only reads it
+(:meth:`Run.batches` for a stream, :meth:`Run.final` for a JSON answer,
+:meth:`Run.follow` for a background run) and may signal it (:meth:`Run.cancel`,
+:meth:`Run.interrupt`). The run owns everything else.
 
 **Phases** (:class:`RunPhase`), never back: ``PREPARED`` (made) → ``STARTED`` (its
 model runs; a stored stream's start is recorded) → ``RUNNING`` (its events are being
@@ -70,7 +70,7 @@ from app.engine.recording import Recording
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
 from app.protocol.events import StreamEvent, serialize_event
-from app.protocol.responses import ResponseResource, response_json
+from app.protocol.responses import ResponseResource
 from app.protocol.states import ResponseStatus
 
 if TYPE_CHECKING:
@@ -88,9 +88,9 @@ class RunPhase(enum.Enum):
 
 
 class Run:
-    """One response being produced (see the module docstring). Its events may be read
-    once (:meth:`batches`, :meth:`events` or :meth:`final`); a background run is read by
-    its own task and observed with :meth:`follow`."""
+    """One response being produced (see the module docstring). It is read once
+    (:meth:`batches` or :meth:`final`); a background run is read by its own task and
+    observed with :meth:`follow`."""
 
     def __init__(self, prepared: Prepared, delivery: Delivery, *, metrics: Metrics, live: LiveRuns,
                  on_end: Callable[[], Awaitable[None]] | None = None) -> None:
@@ -129,10 +129,6 @@ class Run:
     @property
     def id(self) -> str:
         return self.initial.id
-
-    @property
-    def stored(self) -> bool:
-        return self._recording is not None
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -226,13 +222,6 @@ class Run:
         if self._recording is not None:
             self._live.add(self)
 
-    async def events(self) -> AsyncIterator[Emitted]:
-        """The events one by one (see :meth:`batches`)."""
-        async with contextlib.aclosing(self.batches()) as batches:
-            async for batch in batches:
-                for emitted in batch:
-                    yield emitted
-
     async def final(self) -> ResponseResource:
         """Drive the run to its end (a JSON answer, a background run); the final response."""
         async with contextlib.aclosing(self.batches()) as batches:
@@ -296,10 +285,6 @@ class Run:
                 if batch:
                     yield batch
                 batch = []
-        except BaseException as exc:
-            if not began and self.start_error is None:
-                self.start_error = exc
-            raise
         finally:
             feed.cancel()
             if not self._ended_once or not feed.settled():  # else nothing to wait for: no shield
@@ -356,8 +341,7 @@ class Run:
                 self.error = error
                 last = last + self._emit(self.builder.unrecorded(error))
             if self._recording is not None:
-                resource = self.builder.response
-                await self._recording.end_later(resource, response_json(resource), self.log.kept())
+                await self._recording.end_later(self.builder.response, self.log.kept())
         await self._end(began=True)
         return last
 
@@ -397,21 +381,18 @@ class Run:
 
     async def _record_begin(self) -> None:
         if self._recording is not None:  # a JSON run's is kept, written with its end
-            resource = self.builder.response
-            await self._recording.begin(resource, response_json(resource) if self.delivery.streams else None)
+            await self._recording.begin(self.builder.response, whole=not self.delivery.streams)
 
     async def _record_status(self) -> None:
         if self._recording is not None:
-            resource = self.builder.response
-            await self._recording.status(resource, response_json(resource))
+            await self._recording.status(self.builder.response)
 
     async def _record_end(self) -> None:
         """Write the end (once); a failure is logged and kept (``_unrecorded``)."""
         if self._recording is None or self._recording.end_written or not self.builder.finished:
             return
-        resource = self.builder.response
         try:
-            await self._recording.end(resource, response_json(resource), self.log.kept())
+            await self._recording.end(self.builder.response, self.log.kept())
         except Exception as exc:
             log.exception("could not record the end of response %s", self.id)
             self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(

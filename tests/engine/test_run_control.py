@@ -8,6 +8,7 @@ Every stream is checked by the stream checker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -76,6 +77,13 @@ async def _read_until_first_delta(events: AsyncIterator[Emitted]) -> list[Emitte
     raise AssertionError("the stream ended before any delta")
 
 
+async def _events(run: Run) -> AsyncIterator[Emitted]:
+    async with contextlib.aclosing(run.batches()) as batches:
+        async for batch in batches:
+            for emitted in batch:
+                yield emitted
+
+
 async def _until_queue_full(run: Run) -> None:
     """The pump fills the queue while nobody reads (a bounded number of loop steps)."""
     while not run._feed._queue.full():
@@ -103,7 +111,7 @@ async def _stopped_reader(run: Run, signal: Any) -> tuple[list[Emitted], list[Em
     event made before the signal (the reader's batch may hold more than it read), ``after``
     every event made after it."""
     recorded = _Recorded(run)
-    events = run.events()
+    events = _events(run)
     await _read_until_first_delta(events)
     await _until_queue_full(run)
     made = len(recorded.events)

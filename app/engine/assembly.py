@@ -49,7 +49,7 @@ class Assembled:
     model: str
     backend: Backend
     past: History
-    new_items: list[Any]
+    new_items: Sequence[object]
     sealed: Opener | None
     messages: list[ChatMessage]
     tools: tuple[ToolSpec, ...]

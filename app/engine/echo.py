@@ -97,7 +97,7 @@ def initial_response(
                 name=offered.function,
                 description=offered.tool.description,
                 parameters=offered.parameters,
-                strict=offered.tool.strict,
+                strict=offered.strict,
                 namespace=offered.namespace_name,
             )
             for offered in body.function_tools

@@ -44,10 +44,13 @@ class EventLog:
         self._changed: asyncio.Event | None = None
         self._watchers = 0
 
-    def add(self, emitted: Emitted) -> None:
-        self.count += 1
+    def extend(self, batch: list[Emitted]) -> None:
+        """Add the events of ``batch``, in order."""
+        if not batch:
+            return
+        self.count += len(batch)
         if self.keep:
-            self.events.append(emitted)
+            self.events += batch
         if self._watchers:
             self._wake()
 

@@ -57,11 +57,12 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
+from app.backends.base import Delta
 from app.engine.builder import ResponseBuilder
 from app.engine.delivery import Delivery
 from app.engine.event_log import Emitted, EventLog
@@ -248,7 +249,7 @@ class Run:
             self.phase = RunPhase.ENDED
             self.log.close()
 
-    async def batches(self) -> AsyncIterator[list[Emitted]]:
+    async def batches(self) -> AsyncGenerator[list[Emitted], None]:
         """Drive the run; its events in batches, each non-empty (see the module
         docstring). Each batch is in the log before it is handed out, so a reader
         leaving between batches never leaves a gap in the sequence numbers."""
@@ -311,7 +312,7 @@ class Run:
                 raise ModelError("The model stream ended without a finish.", code="model_stream_ended")
             if self._first_output_at is None:
                 self._first_output_at = time.monotonic()
-            return builder.feed(got)  # type: ignore[arg-type]  # what remains is a delta
+            return builder.feed(cast(Delta, got))  # what remains is a delta
         except ORSError as exc:
             self.error = exc
             log.warning("response %s failed: %r", self.id, exc)
@@ -323,8 +324,7 @@ class Run:
 
     def _emit(self, events: list[StreamEvent]) -> list[Emitted]:
         made = [Emitted(event.type, serialize_event(event)) for event in events]
-        for emitted in made:
-            self.log.add(emitted)
+        self.log.extend(made)
         return made
 
     async def _settle(self, last: list[Emitted]) -> list[Emitted]:

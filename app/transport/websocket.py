@@ -32,7 +32,8 @@ server answers with the same event objects as SSE, one JSON object per frame, an
   with ``response.failed``, code ``websocket_connection_limit_reached``; an idle
   connection gets that error envelope. Queued turns that never started are dropped.
   Then the socket closes normally. Server shutdown does the same with
-  ``server_shutting_down``.
+  ``server_shutting_down``, and the server closes its connections only once each has
+  closed itself so (:meth:`app.transport.drain.Drain.hold`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,15 @@ class Connection:
         self.closing: ORSError | None = None
 
     async def serve(self) -> None:
+        # the server shuts connections down once this one has closed itself (its running
+        # response ended first), not while it may still be sending
+        release = self.drain.hold()
+        try:
+            await self._serve()
+        finally:
+            release()
+
+    async def _serve(self) -> None:
         reader = asyncio.create_task(self._read())
         worker = asyncio.create_task(self._work())
         limit = asyncio.create_task(self._limit())

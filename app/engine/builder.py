@@ -76,6 +76,8 @@ _RESPONSE_MOVES: dict[ResponseStatus, frozenset[ResponseStatus]] = {
                                            ResponseStatus.FAILED, ResponseStatus.CANCELLED}),
 }
 
+_OPEN = frozenset({ResponseStatus.QUEUED, ResponseStatus.IN_PROGRESS})
+
 _INCOMPLETE_REASONS: dict[FinishReason, str] = {
     "length": "max_output_tokens",
     "content_filter": "content_filter",
@@ -140,7 +142,7 @@ class ResponseBuilder:
 
     @property
     def finished(self) -> bool:
-        return self._response.status.final
+        return self._response.status not in _OPEN
 
     def _move(self, status: ResponseStatus, **changes: object) -> None:
         allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())

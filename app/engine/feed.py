@@ -21,12 +21,15 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from app.backends.base import Backend, Delta, GenerationRequest
+from app.backends.base import Backend, Delta, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
 from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.tools import ToolCallGuard, enforce_tool_policy
 from app.errors import ORSError
 
 QUEUE_SIZE = 256
+
+DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
+"""What the queue carries most: the backend's deltas."""
 
 END = object()
 """Queued after the backend's last delta."""
@@ -93,9 +96,12 @@ class Feed:
     def ready(self) -> object | None:
         """The next queued item if there is one and no signal came, without waiting;
         else ``None``."""
-        if self.control is not None or self._queue.empty():
+        if self.control is not None:
             return None
-        return self._queue.get_nowait()
+        try:
+            return self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
 
     def idle(self) -> bool:
         """Whether nothing is queued (or a signal came): a consumer would wait."""
@@ -140,10 +146,11 @@ class Feed:
                 if isinstance(passed, list):  # calls released, a finish: a few per response
                     for each in passed:
                         await queue.put(each)
-                elif queue.full():  # the consumer is behind: wait for room
-                    await queue.put(delta)
-                else:
+                    continue
+                try:
                     queue.put_nowait(delta)
+                except asyncio.QueueFull:  # the consumer is behind: wait for room
+                    await queue.put(delta)
             await queue.put(END)
         except asyncio.CancelledError:
             raise

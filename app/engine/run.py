@@ -58,15 +58,14 @@ import enum
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from app.backends.base import Delta
 from app.engine.builder import ResponseBuilder
 from app.engine.delivery import Delivery
 from app.engine.event_log import Emitted, EventLog
-from app.engine.feed import END, WAKE, Cancelled, Feed, Interrupted, Signal
+from app.engine.feed import DELTAS, END, Cancelled, Feed, Interrupted, Signal
 from app.engine.recording import Recording
 from app.errors import ModelError, ORSError, ServerError
 from app.metrics import Metrics
@@ -300,19 +299,19 @@ class Run:
     def _events_of(self, got: object) -> list[StreamEvent]:
         builder = self.builder
         try:
+            if isinstance(got, DELTAS):  # per token: the common case first
+                if self._first_output_at is None:
+                    self._first_output_at = time.monotonic()
+                return builder.feed(got)
             if isinstance(got, Cancelled):
                 return builder.cancel()
             if isinstance(got, Interrupted):
                 raise got.error
-            if got is WAKE:
-                return []
             if isinstance(got, BaseException):
                 raise got
             if got is END:
                 raise ModelError("The model stream ended without a finish.", code="model_stream_ended")
-            if self._first_output_at is None:
-                self._first_output_at = time.monotonic()
-            return builder.feed(cast(Delta, got))  # what remains is a delta
+            return []  # WAKE: a signal came, and is read next
         except ORSError as exc:
             self.error = exc
             log.warning("response %s failed: %r", self.id, exc)

@@ -49,6 +49,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from app.protocol.states import ResponseStatus
+
 MODEL_LABELS = 100
 """Distinct model ids kept as label values (see the module docstring)."""
 OTHER_MODEL = "other"
@@ -189,7 +191,7 @@ class Metrics:
         """A response ended (``status``: completed, incomplete, failed, cancelled), with
         its failure's code, its duration, the time to its first output (``None``: there
         was none) and its token counts."""
-        model = self._model(model, status != "failed")
+        model = self._model(model, status != ResponseStatus.FAILED)
         self.responses.labels(model, status).inc()
         self.duration.labels(model).observe(seconds)
         if first_output_seconds is not None:

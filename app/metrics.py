@@ -57,8 +57,7 @@ OTHER_MODEL = "other"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Bounds of ``ors_time_to_first_token_seconds``: from 5 ms (a fast upstream) to five
-minutes (a long prompt on a slow model), about 2 to 2.5 times apart, as
-prometheus-client's default buckets (which stop at 10 s)."""
+minutes (a long prompt on a slow model), about 2 to 2.5 times apart."""
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 """Bounds of ``ors_response_duration_seconds``: from a cached or refused answer (10 ms)
 to a long generation (half an hour, a background response's scale)."""

@@ -139,7 +139,8 @@ class ResponsesEventDecoder:
         if kind in _TEXT_EVENTS:
             return self._text(self._item(payload, None, default=ItemType.MESSAGE), payload)
         if kind in _REASONING_EVENTS:
-            return self._reasoning(self._item(payload, None, default=ItemType.REASONING), payload, _REASONING_EVENTS[kind])
+            thought = self._item(payload, None, default=ItemType.REASONING)
+            return self._reasoning(thought, payload, _REASONING_EVENTS[kind])
         if kind == "response.function_call_arguments.delta":
             call = self._item(payload, None, default=ItemType.FUNCTION_CALL)
             if isinstance(payload.get("delta"), str):

@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from app.protocol.base import ParamModel, WireModel
-from app.protocol.states import ItemStatus
 from app.protocol.content import (
     AssistantContentParam,
     ContentPart,
@@ -25,6 +24,7 @@ from app.protocol.content import (
     ToolOutputPart,
     UserContentParam,
 )
+from app.protocol.states import ItemStatus
 
 Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
@@ -284,7 +284,7 @@ class Compaction(WireModel):
     id: str
     encrypted_content: str
     created_by: str | None = None
-    status: ItemStatus = "completed"
+    status: ItemStatus = ItemStatus.COMPLETED
     omit_if_none = frozenset({"created_by"})
 
 

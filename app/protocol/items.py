@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag
 
 from app.protocol.base import ParamModel, WireModel
-from app.protocol.states import ItemStatus
 from app.protocol.content import (
     AssistantContentParam,
     ContentPart,
@@ -26,6 +25,9 @@ from app.protocol.content import (
     UserContentParam,
 )
 
+# The wire types stay Literal (what pydantic validates and serializes as plain strings);
+# code names the states by app.protocol.states.ItemStatus, whose values a test holds equal.
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
 

@@ -148,7 +148,7 @@ events = Table(
 NON_TERMINAL = frozenset({"queued", "in_progress"})
 TERMINAL = frozenset({"completed", "failed", "incomplete", "cancelled"})
 """A response's ``status`` column holds the protocol's statuses
-(:data:`app.protocol.states.ResponseStatus`), as plain text. The store spells them as
+(:data:`app.protocol.responses.ResponseStatus`), as plain text. The store spells them as
 the protocol's literals; it takes the protocol's enum once there is one, and defines no
 second one."""
 

@@ -209,8 +209,8 @@ class Settings(BaseSettings):
     max_json_values: int = Field(default=DEFAULT_MAX_JSON_VALUES, gt=0)
     """Values (members of objects and elements of arrays, at any depth) a request body or
     WebSocket frame may hold (400 ``too_many_json_values``, ``param`` the top-level field
-    that holds the most): each costs the event loop about 2 µs on its way in, so this
-    bounds how long one request can hold the others."""
+    that holds the most): each costs the event loop time on its way in, so this bounds
+    how long one request can hold the others."""
     max_input_items: int = Field(default=DEFAULT_MAX_INPUT_ITEMS, gt=0)
     """Items one request's ``input`` may hold (400 ``too_many_input_items``)."""
     max_tools: int = Field(default=DEFAULT_MAX_TOOLS, gt=0)

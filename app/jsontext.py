@@ -2,14 +2,10 @@
 (stored items and documents, upstream request bodies), and reads what an upstream sends
 (:func:`loads`).
 
-Written by pydantic-core's serializer (Rust, already what every response and event is
-serialized with) instead of the standard library's encoder: the same text, compact
-with non-ASCII characters kept as they are, in about a quarter of the time (0.8 against
-3.4 µs for a message item, 2.6 against 10.5 µs for a 4 KB tool output). A conversation
-of a hundred items passed whole, as agents send them, was encoded twice, once for the
-upstream and once for the store: 0.7 ms per request went into the standard library's
-encoder. Floats keep their value exactly; only very small ones are spelled differently
-(``0.00001`` for ``1e-05``).
+Written by pydantic-core's serializer (the one every response and event is serialized
+with) rather than the standard library's encoder: the same text, compact with non-ASCII
+characters kept as they are. Floats keep their value exactly; only very small ones are
+spelled differently (``0.00001`` for ``1e-05``).
 
 Text that holds a lone surrogate (which no UTF-8 can carry) is written with every
 non-ASCII character escaped, as the standard library writes it with ``ensure_ascii``;
@@ -41,9 +37,8 @@ def dumps_bytes(value: Any) -> bytes:
 
 
 def loads(raw: str | bytes) -> Any:
-    """The value of the JSON text ``raw``, read by pydantic-core's parser: an upstream's
-    chunk of a streamed completion in about a third of the standard library's time (0.8
-    against 2.2-2.8 µs), and a stream is read one chunk per token. Where that parser
+    """The value of the JSON text ``raw``, read by pydantic-core's parser (a stream is
+    read one chunk per token, so this is on every token's path). Where that parser
     refuses (a lone surrogate escape such as ``"\\ud83d"``, which the standard library
     keeps as it is), and for anything that is not JSON, the standard library's reading
     or error (``ValueError``) is the answer: the same value, or the same refusal, as

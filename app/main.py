@@ -236,9 +236,8 @@ def framework_telemetry() -> dict[str, Any]:
     """FastAPI's own OpenTelemetry (FastAPI 0.16x and later) for the kinds (traces,
     metrics, logs) whose global provider is configured when the app is made, as
     ``opentelemetry-instrument`` does before the server starts; the other kinds off.
-    Left on, FastAPI asks on every request and WebSocket whether each provider has been
-    configured since (3.2 µs, about half a percent of a proxied request); off, 0.1 µs.
-    An older FastAPI has no such option and gets nothing."""
+    Left on, FastAPI would ask on every request and WebSocket whether each provider has
+    been configured since. An older FastAPI has no such option and gets nothing."""
     if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
         return {}
     from opentelemetry import _logs, metrics, trace
@@ -260,11 +259,9 @@ def settle_heap() -> None:
     """Once ``ors serve`` serves (the process is the server's own; tests that build many
     apps in one process do not call it): what start-up made (modules, schemas, models) lives as
     long as the process, so it is moved out of the collector's sight (``gc.freeze``), and
-    collections are made rarer (:data:`GC_THRESHOLDS`). Each collection is a pause of the
-    event loop, for every request in flight: at concurrency 16 in front of a fast
-    upstream, the p99 fell from 156-233 ms to 31-92 ms and throughput rose 10-20%
-    (ARCHITECTURE.md, "Hot path"). Garbage without cycles is freed at once whatever the
-    thresholds; only cyclic garbage waits a little longer."""
+    collections are made rarer (:data:`GC_THRESHOLDS`), since each one pauses the event
+    loop for every request in flight. Garbage without cycles is freed at once whatever
+    the thresholds; only cyclic garbage waits a little longer."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

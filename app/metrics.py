@@ -49,14 +49,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from app.protocol.states import ResponseStatus
+
 MODEL_LABELS = 100
 """Distinct model ids kept as label values (see the module docstring)."""
 OTHER_MODEL = "other"
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 """Bounds of ``ors_time_to_first_token_seconds``: from 5 ms (a fast upstream) to five
-minutes (a long prompt on a slow model), about 2 to 2.5 times apart, as
-prometheus-client's default buckets (which stop at 10 s)."""
+minutes (a long prompt on a slow model), about 2 to 2.5 times apart."""
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 """Bounds of ``ors_response_duration_seconds``: from a cached or refused answer (10 ms)
 to a long generation (half an hour, a background response's scale)."""
@@ -189,7 +190,7 @@ class Metrics:
         """A response ended (``status``: completed, incomplete, failed, cancelled), with
         its failure's code, its duration, the time to its first output (``None``: there
         was none) and its token counts."""
-        model = self._model(model, status != "failed")
+        model = self._model(model, status != ResponseStatus.FAILED)
         self.responses.labels(model, status).inc()
         self.duration.labels(model).observe(seconds)
         if first_output_seconds is not None:

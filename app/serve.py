@@ -15,9 +15,9 @@ from app.config import Settings
 from app.transport.drain import Drain
 
 HTTP_IMPLEMENTATION = "h11"
-"""uvicorn's HTTP/1.1 implementation. h11 frames a body of unknown length (a stream) as
-HTTP/1.0 allows, by closing the connection after it, when the client speaks HTTP/1.0;
-httptools would send it chunked, which an HTTP/1.0 client cannot read."""
+"""uvicorn's HTTP/1.1 implementation: h11, which frames a body of unknown length (a
+stream) for an HTTP/1.0 client as HTTP/1.0 allows, by closing the connection after it
+(an HTTP/1.0 client cannot read a chunked body)."""
 
 
 def transport_options(settings: Settings) -> dict[str, Any]:

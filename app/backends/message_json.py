@@ -13,10 +13,8 @@ A long conversation's past is also kept whole: the joined JSON of the messages o
 recent body, by its first message (the conversation's, or the one after the
 instructions' system message, which is new every turn). The next turn of that
 conversation, whose messages begin with the same objects (one tuple comparison, by
-identity, at C speed), takes that text as it is and looks up only what follows. Looking
-up each of 2,000 past messages one by one cost about 0.8 ms per turn on a 2-core machine
-(cold caches: a pointer chase per message), which was most of what grew from turn 2 to
-turn 1,000 of a chain on ors's side. Up to :data:`RUNS_CHARS` characters of such text are
+identity), takes that text as it is and looks up only what follows, so a turn's cost
+does not grow with the length of its chain. Up to :data:`RUNS_CHARS` characters of such text are
 kept, the least recently used dropped first.
 """
 

@@ -60,6 +60,7 @@ from app.backends.chat_errors import json_object
 from app.backends.chat_stream import _token_logprob
 from app.backends.responses_errors import failed_response_error, stream_error
 from app.errors import ModelError
+from app.protocol.states import ItemType, ResponseStatus
 
 logger = logging.getLogger("ors.upstream")
 
@@ -69,7 +70,11 @@ _REASONING_EVENTS = {
     "response.reasoning_text.delta": "content",
     "response.reasoning_summary_text.delta": "summary",
 }
-_TERMINAL = {"response.completed": "completed", "response.incomplete": "incomplete", "response.failed": "failed"}
+_TERMINAL = {
+    "response.completed": ResponseStatus.COMPLETED,
+    "response.incomplete": ResponseStatus.INCOMPLETE,
+    "response.failed": ResponseStatus.FAILED,
+}
 _INCOMPLETE: dict[str, FinishReason] = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
 
@@ -132,11 +137,12 @@ class ResponsesEventDecoder:
             item = payload.get("item")
             return self._settle(self._item(payload, item), item) if isinstance(item, dict) else []
         if kind in _TEXT_EVENTS:
-            return self._text(self._item(payload, None, default="message"), payload)
+            return self._text(self._item(payload, None, default=ItemType.MESSAGE), payload)
         if kind in _REASONING_EVENTS:
-            return self._reasoning(self._item(payload, None, default="reasoning"), payload, _REASONING_EVENTS[kind])
+            thought = self._item(payload, None, default=ItemType.REASONING)
+            return self._reasoning(thought, payload, _REASONING_EVENTS[kind])
         if kind == "response.function_call_arguments.delta":
-            call = self._item(payload, None, default="function_call")
+            call = self._item(payload, None, default=ItemType.FUNCTION_CALL)
             if isinstance(payload.get("delta"), str):
                 call.arguments.append(payload["delta"])
         return []
@@ -150,9 +156,9 @@ class ResponsesEventDecoder:
         """A whole ``ResponseResource`` (an upstream that ignored ``stream: true``)."""
         self.received = True
         response = json_object(body)
-        if isinstance(response.get("error"), dict) and response.get("status") != "failed":
+        if isinstance(response.get("error"), dict) and response.get("status") != ResponseStatus.FAILED:
             raise stream_error(response["error"])
-        return self._terminal(str(response.get("status") or "completed"), response)
+        return self._terminal(str(response.get("status") or ResponseStatus.COMPLETED), response)
 
     def finish(self) -> Finish:
         if not self.done:
@@ -164,7 +170,7 @@ class ResponsesEventDecoder:
 
     # -- items -------------------------------------------------------------------------------
 
-    def _item(self, payload: Mapping[str, Any], item: Any, default: str = "message") -> _Item:
+    def _item(self, payload: Mapping[str, Any], item: Any, default: str = ItemType.MESSAGE) -> _Item:
         """The item an event is about: by ``output_index``, else by item id, else the
         latest item of the right kind; a new one if none."""
         item_id = item.get("id") if isinstance(item, dict) else payload.get("item_id")
@@ -191,7 +197,7 @@ class ResponsesEventDecoder:
             found.item_id = item_id
         if found.item_id is not None:
             self._by_id.setdefault(found.item_id, found)
-        if isinstance(item, dict) and kind == "function_call":
+        if isinstance(item, dict) and kind == ItemType.FUNCTION_CALL:
             found.name = found.name or _string(item.get("name"))
             found.call_id = found.call_id or _string(item.get("call_id"))
         return found
@@ -220,12 +226,12 @@ class ResponsesEventDecoder:
             return []
         item.settled = True
         kind = final.get("type")
-        if kind == "function_call":
+        if kind == ItemType.FUNCTION_CALL:
             return self._call(item, final)
-        if kind == "message":
+        if kind == ItemType.MESSAGE:
             texts = _part_texts(final.get("content"), ("output_text", "refusal"))
             return self._complete(item, texts, TextDelta)
-        if kind == "reasoning":
+        if kind == ItemType.REASONING:
             content = _part_texts(final.get("content"), ("reasoning_text",))
             summary = _part_texts(final.get("summary"), ("summary_text",))
             return self._complete(item, summary if item.source == "summary" or not content else content,
@@ -265,7 +271,7 @@ class ResponsesEventDecoder:
     def _terminal(self, status: str, response: Any) -> list[Delta]:
         response = response if isinstance(response, dict) else {}
         status = response.get("status") if isinstance(response.get("status"), str) else status
-        if status == "failed":
+        if status == ResponseStatus.FAILED:
             raise failed_response_error(response.get("error"))
         deltas: list[Delta] = []
         output = response.get("output")
@@ -274,10 +280,10 @@ class ResponsesEventDecoder:
                 item = self._item({"output_index": position}, final)
                 deltas += self._settle(item, final)
         for item in self._order:  # streamed items the final output left out
-            if not item.settled and item.kind == "function_call":
-                deltas += self._settle(item, {"type": "function_call"})
+            if not item.settled and item.kind == ItemType.FUNCTION_CALL:
+                deltas += self._settle(item, {"type": ItemType.FUNCTION_CALL})
         self.usage = _usage(response.get("usage"))
-        if status == "incomplete":
+        if status == ResponseStatus.INCOMPLETE:
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None
             self.reason = _INCOMPLETE.get(reason if isinstance(reason, str) else "", "length")

@@ -40,6 +40,7 @@ from app.backends.responses_stream import ResponsesEventDecoder
 from app.backends.tool_names import names_back, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, HttpUpstream, Timeouts
 from app.errors import ORSError
+from app.protocol.states import ItemType
 
 PATH = "/responses"
 """Where this wire API's requests go, below the upstream's base URL."""
@@ -143,24 +144,24 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
     items: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool":
-            items.append({"type": "function_call_output", "call_id": message.tool_call_id or "",
+            items.append({"type": ItemType.FUNCTION_CALL_OUTPUT, "call_id": message.tool_call_id or "",
                           "output": message.content})
         elif message.role != "assistant":
-            items.append({"type": "message", "role": message.role, "content": message.content})
+            items.append({"type": ItemType.MESSAGE, "role": message.role, "content": message.content})
         else:
             if replay_reasoning and message.reasoning:
-                items.append({"type": "reasoning", "summary": [],
+                items.append({"type": ItemType.REASONING, "summary": [],
                               "content": [{"type": "reasoning_text", "text": message.reasoning}]})
             if message.content or not message.tool_calls:
                 said: dict[str, Any] = {
-                    "type": "message", "role": "assistant",
+                    "type": ItemType.MESSAGE, "role": "assistant",
                     "content": [{"type": "output_text", "text": message.content, "annotations": []}],
                 }
                 if message.phase is not None:
                     said["phase"] = message.phase
                 items.append(said)
             items += [
-                {"type": "function_call", "call_id": call.call_id, "name": wire_name(call.name),
+                {"type": ItemType.FUNCTION_CALL, "call_id": call.call_id, "name": wire_name(call.name),
                  "arguments": call.arguments}
                 for call in message.tool_calls
             ]

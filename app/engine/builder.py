@@ -114,7 +114,7 @@ class ResponseBuilder:
         ``custom_tool_call`` whose ``input`` is the call's one argument, with no delta
         events (the spec has none for it) between its ``output_item`` events.
         ``events=False``: nobody reads the events (see the module docstring)."""
-        if response.status.final or response.output:
+        if response.status not in _OPEN or response.output:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
         self._error_events = error_events
@@ -133,7 +133,7 @@ class ResponseBuilder:
 
     @property
     def status(self) -> ResponseStatus:
-        return self._response.status
+        return ResponseStatus(self._response.status)
 
     @property
     def output(self) -> list[OutputItem]:
@@ -145,7 +145,7 @@ class ResponseBuilder:
         return self._response.status not in _OPEN
 
     def _move(self, status: ResponseStatus, **changes: object) -> None:
-        allowed = _RESPONSE_MOVES.get(self._response.status, frozenset())
+        allowed = _RESPONSE_MOVES.get(self.status, frozenset())
         if status not in allowed:
             raise IllegalTransition(f"response cannot move from {self._response.status} to {status}")
         self._response = self._response.model_copy(update={"status": status, **changes})
@@ -159,7 +159,7 @@ class ResponseBuilder:
             raise IllegalTransition("response already started")
         self._started = True
         self._events.add(ResponseCreated, response=self._response)
-        if self._response.status is ResponseStatus.QUEUED:
+        if self._response.status == ResponseStatus.QUEUED:
             self._events.add(ResponseQueued, response=self._response)
         else:
             self._events.add(ResponseInProgress, response=self._response)
@@ -175,9 +175,9 @@ class ResponseBuilder:
     def _require_running(self, *, queued_ok: bool = False) -> None:
         if not self._started:
             raise IllegalTransition("response not started")
-        if self._response.status is ResponseStatus.QUEUED and queued_ok:
+        if self._response.status == ResponseStatus.QUEUED and queued_ok:
             return
-        if self._response.status is not ResponseStatus.IN_PROGRESS:
+        if self._response.status != ResponseStatus.IN_PROGRESS:
             raise IllegalTransition(f"response is {self._response.status}, not in_progress")
 
     def feed(self, delta: Delta) -> list[StreamEvent]:
@@ -264,7 +264,7 @@ class ResponseBuilder:
         terminal event is sent, so one that is not must not be announced as completed.
         An ``incomplete`` (or ``cancelled``) end is not taken back: its items were closed
         ``incomplete``, which only ``response.incomplete`` may follow."""
-        if self._response.status is not ResponseStatus.COMPLETED:
+        if self._response.status != ResponseStatus.COMPLETED:
             raise IllegalTransition(f"a {self._response.status} response's end is not taken back")
         if self._events.emits:
             self._events.sequence -= 1

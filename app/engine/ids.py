@@ -2,18 +2,16 @@
 
 Ordered by time, as UUIDv7 is: 12 hex characters of the milliseconds since the Unix
 epoch, then 24 random ones (96 bits). The store's indexes on ids (a response's id, its
-items' and events' ``response_id``) then take each new row at their end, as
-they do a row number, instead of at a random place: a batch of stored responses writes
-the same few index pages instead of one page per index per response, and a checkpoint
-copies those few pages instead of about a thousand (see ARCHITECTURE.md for what it
-measured). What the order tells is the millisecond an id was made, which the response
-says anyway (``created_at``).
+items' and events' ``response_id``) then take each new row at their end, as they do a
+row number, instead of at a random place: a batch of stored responses writes the same
+few index pages instead of one page per index per response. What the order tells is the
+millisecond an id was made, which the response says anyway (``created_at``).
 
 Their randomness is the operating system's (``os.urandom``, as :mod:`secrets` uses),
-drawn 256 ids at a time: every response takes three or four ids (request, response,
-items), and a ``getrandom`` system call for each was about 3% of a proxied request's CPU.
-The drawn ids wait in a deque, whose ``popleft`` is atomic, so threads may take ids too;
-a forked child empties it, so no id is handed out in two processes.
+drawn 256 ids at a time, since every response takes three or four ids (request,
+response, items) and a system call for each would be on every request's path. The drawn
+ids wait in a deque, whose ``popleft`` is atomic, so threads may take ids too; a forked
+child empties it, so no id is handed out in two processes.
 """
 
 from __future__ import annotations

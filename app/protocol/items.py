@@ -24,8 +24,10 @@ from app.protocol.content import (
     ToolOutputPart,
     UserContentParam,
 )
-from app.protocol.states import ItemStatus
 
+# The wire types stay Literal (what pydantic validates and serializes as plain strings);
+# code names the states by app.protocol.states.ItemStatus, whose values a test holds equal.
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
 
@@ -284,7 +286,7 @@ class Compaction(WireModel):
     id: str
     encrypted_content: str
     created_by: str | None = None
-    status: ItemStatus = ItemStatus.COMPLETED
+    status: ItemStatus = "completed"
     omit_if_none = frozenset({"created_by"})
 
 

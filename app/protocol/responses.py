@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.protocol.base import ParamModel, WireModel
 from app.protocol.items import ItemParam, OutputItem
-from app.protocol.states import ResponseStatus
 from app.protocol.tools import FunctionTool, OfferedFunction, ToolChoice, ToolChoiceParam, ToolParam, offered_functions
 
 IncludeOption = Literal["reasoning.encrypted_content", "message.output_text.logprobs"]
@@ -17,6 +16,8 @@ ReasoningSummary = Literal["concise", "detailed", "auto"]
 Truncation = Literal["auto", "disabled"]
 ServiceTier = Literal["auto", "default", "flex", "priority"]
 Verbosity = Literal["low", "medium", "high"]
+# Named in code by app.protocol.states.ResponseStatus, whose values a test holds equal.
+ResponseStatus = Literal["queued", "in_progress", "completed", "failed", "incomplete", "cancelled"]
 
 # ---------------------------------------------------------------- params (input)
 

@@ -2,7 +2,10 @@
 
 Each is a :class:`~enum.StrEnum`: a member *is* its wire string (``ResponseStatus.COMPLETED
 == "completed"``), so it goes into JSON, SQL and comparisons as the string the spec names,
-and code that names a state names a member instead of repeating a literal.
+and code that names a state names a member instead of repeating a literal. The wire models
+keep ``Literal`` types of the same strings (pydantic validates and serializes those as plain
+strings, whether a member or a string is put in); ``tests/protocol/test_states.py`` holds
+the two equal.
 
 * :class:`ResponseStatus`: a response's ``status``. ``queued`` and ``in_progress`` are
   open; the others are final, and a response that reached one never leaves it.

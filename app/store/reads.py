@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection
 
+from app.protocol.states import ResponseStatus
 from app.store.base import JSON, ChainLink, ItemPage, Order, StoredResponse
 from app.store.schema import JsonText, items, responses
 from app.store.schema import events as event_rows
@@ -187,7 +188,7 @@ def cancelled_since(owner: str, since_ms: int, connection: Connection) -> list[t
     """``(tenant, id)`` of ``owner``'s responses cancelled since ``since_ms``."""
     query = select(responses.c.tenant, responses.c.id).where(
         responses.c.owner == owner,
-        responses.c.status == "cancelled",
+        responses.c.status == ResponseStatus.CANCELLED,
         responses.c.updated_at >= since_ms,
     )
     return [(row.tenant, row.id) for row in connection.execute(query)]

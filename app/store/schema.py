@@ -50,6 +50,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
 from app.jsontext import dumps
+from app.protocol.states import ResponseStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -145,12 +146,11 @@ events = Table(
     Column("body", LargeBinary, nullable=False),
 )
 
-NON_TERMINAL = frozenset({"queued", "in_progress"})
-TERMINAL = frozenset({"completed", "failed", "incomplete", "cancelled"})
+NON_TERMINAL = frozenset(status for status in ResponseStatus if not status.final)
+TERMINAL = frozenset(status for status in ResponseStatus if status.final)
 """A response's ``status`` column holds the protocol's statuses
-(:data:`app.protocol.states.ResponseStatus`), as plain text. The store spells them as
-the protocol's literals; it takes the protocol's enum once there is one, and defines no
-second one."""
+(:class:`app.protocol.states.ResponseStatus`), as plain text: a member is its wire
+string, so it binds and compares as one."""
 
 
 def now_ms() -> int:

@@ -45,6 +45,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import StoreUnavailable
+from app.protocol.states import ResponseStatus
 from app.store import deletion, reads, statements
 from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
 from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
@@ -242,13 +243,13 @@ class SqlResponseStore(ResponseStore):
                                  single=True)
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
-        if status not in NON_TERMINAL and status != "cancelled":
+        if status not in NON_TERMINAL and status != ResponseStatus.CANCELLED:
             raise ValueError(f"set_status moves to queued, in_progress or cancelled, not {status!r}")
 
         # a step between starts (queued -> in_progress) is flushed with the end; a cancel
         # is an end
         await self._write(functools.partial(statements.write_status, tenant, response_id, status, resource),
-                          flush=status == "cancelled")
+                          flush=status == ResponseStatus.CANCELLED)
 
     async def cancel(self, tenant: str, response_id: str) -> StoredResponse | None:
         stored, cancelled = await self._write(functools.partial(statements.write_cancel, tenant, response_id,

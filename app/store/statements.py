@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from app.errors import PreviousResponseNotFound
+from app.protocol.states import ResponseStatus
 from app.store import one_statement
 from app.store.base import JSON, Document, NewResponse, StoreConflict, StoredResponse
 from app.store.cancels import CHANNEL, encode_notice
@@ -142,7 +143,7 @@ def write_finish(tenant: str, response_id: str, status: str, resource: Document,
         finished = connection.execute(_FINISH, params).rowcount
     if not finished:
         current = _lock_for_update(connection, tenant, response_id)
-        if current.deleted_at is not None or current.status == "cancelled":
+        if current.deleted_at is not None or current.status == ResponseStatus.CANCELLED:
             return False
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
     if not postgresql:
@@ -157,13 +158,13 @@ def write_status(tenant: str, response_id: str, status: str, resource: Document,
     """A running response moves (``queued`` to ``in_progress``, or to ``cancelled``);
     one cancelled or deleted meanwhile is left as it is."""
     current = _lock_for_update(connection, tenant, response_id)
-    if current.deleted_at is not None or current.status == "cancelled":
+    if current.deleted_at is not None or current.status == ResponseStatus.CANCELLED:
         return
     if current.finished_at is not None:
         raise StoreConflict(f"Response '{response_id}' has already finished ({current.status}).")
     now = now_ms()
     values: dict[str, Any] = {"status": status, "resource": resource, "updated_at": now}
-    if status == "cancelled":
+    if status == ResponseStatus.CANCELLED:
         values["finished_at"] = now
     connection.execute(update(responses).where(responses.c.id == response_id).values(values))
 
@@ -184,11 +185,11 @@ def write_cancel(tenant: str, response_id: str, connection: Connection, *,
     connection.execute(
         update(responses)
         .where(responses.c.id == response_id)
-        .values(status="cancelled", resource=resource, updated_at=now, finished_at=now)
+        .values(status=ResponseStatus.CANCELLED, resource=resource, updated_at=now, finished_at=now)
     )
     if notify:
         connection.execute(select(func.pg_notify(CHANNEL, encode_notice(tenant, response_id))))
-    return stored_response(row, status="cancelled", resource=resource), True
+    return stored_response(row, status=ResponseStatus.CANCELLED, resource=resource), True
 
 
 def rows_of_items(response_id: str, role: str, documents: Sequence[JSON]) -> list[dict[str, Any]]:
@@ -247,7 +248,7 @@ def fail_rows_of(connection: Connection, *, owner: str) -> int:
         update(responses)
         .where(responses.c.id == bindparam("failed_id"))
         .values(
-            status="failed",
+            status=ResponseStatus.FAILED,
             resource=bindparam("failed_resource", type_=responses.c.resource.type),
             updated_at=now,
             finished_at=now,
@@ -262,7 +263,7 @@ def failed_resource(resource: JSON) -> JSON:
     status ``failed`` with a ``server_restarted`` error."""
     return {
         **resource,
-        "status": "failed",
+        "status": ResponseStatus.FAILED,
         "error": {"code": RESTARTED_CODE, "message": RESTARTED_MESSAGE},
     }
 
@@ -270,4 +271,4 @@ def failed_resource(resource: JSON) -> JSON:
 def cancelled_resource(resource: JSON) -> JSON:
     """The snapshot of a response cancelled by a client where it is not running: the
     latest snapshot, with ``status: "cancelled"`` (not ``incomplete``: no details)."""
-    return {**resource, "status": "cancelled", "incomplete_details": None}
+    return {**resource, "status": ResponseStatus.CANCELLED, "incomplete_details": None}

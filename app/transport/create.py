@@ -62,7 +62,7 @@ async def create_response(request: Request, engine: EngineDep, tenant: TenantDep
     response = await _run_while_connected(request, run)
     if response is None:  # the client left: nobody to answer
         return client_left()
-    if response.status is ResponseStatus.FAILED and run.error is not None:
+    if response.status == ResponseStatus.FAILED and run.error is not None:
         return error_response(run.error)
     if run.answer is not None:  # serialized once, for the store and for the client
         return Response(run.answer, media_type="application/json")

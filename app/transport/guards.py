@@ -38,9 +38,8 @@ In order, each refusal an :mod:`app.errors` error rendered by
    429 ``server_busy`` with ``Retry-After: 1``, which SDKs retry; a WebSocket
    ``response.create`` frame counts the same way while it waits and while its turn runs
    (:mod:`app.transport.websocket`), and one past the bound is answered with that error
-   and dropped. Without it, fifty clients each sending a body at the 32 MiB limit made
-   the server hold 1.6 GB of raw bodies at once, and several times that once parsed: a
-   few more clients, and the kernel ends the process and every stream it serves.
+   and dropped. Without it, a few dozen clients each sending a body at the size limit
+   could make the kernel end the process, and every stream it serves.
 
 6. **Body receipt** (``ORS_REQUEST_READ_TIMEOUT``): while a request's body is still
    coming, each read of it waits at most this long; a client silent for longer is

@@ -34,7 +34,7 @@ export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export OMP_WAIT_POLICY ?= PASSIVE
 
 # What mypy checks; each package listed here is kept clean.
-MYPY_PATHS := app/protocol
+MYPY_PATHS := app/protocol app/engine
 # The tests of `make test-fast`: those that need none of the services or models, and are quick;
 # run by FAST_WORKERS processes (pytest-xdist), each test module in one of them.
 FAST_TESTS := not postgres and not redis and not model and not slow

@@ -19,8 +19,8 @@ from app.backends.http_client import Pool
 from app.config import Settings
 from app.engine.engine import Engine
 from app.engine.history import HistoryCache
+from app.engine.live import LiveRuns
 from app.engine.models import ModelRouter, Route
-from app.engine.runs import LiveTurns
 from app.engine.sealing import Sealer
 from app.metrics import Metrics
 from app.store.factory import open_store, open_when_reachable
@@ -148,19 +148,27 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     own = list(backends) if backends is not None else default_backends(settings)
     routes = upstream_routes(settings)
     chosen = [*own, *(route.backend for route in routes)]
+    authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
+    router = ModelRouter(own, settings.default_model, settings.model_aliases, routes)
+    metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()], named=router.names)
+    # made here, opened (connected, migrated) by the lifespan
+    store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
+                       positional_tenants=authenticator.positional_tenants())
+    sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
+    live = LiveRuns()
     engine = Engine(
-        ModelRouter(own, settings.default_model, settings.model_aliases, routes),
+        router,
+        store=store,
+        sealer=sealer,
+        history_cache=HistoryCache(settings.history_cache_entries),
+        metrics=metrics,
+        live=live,
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,
         limits=settings.request_limits(),
     )
-    engine.history_cache = HistoryCache(settings.history_cache_entries)
-    metrics = engine.metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()],
-                                       named=engine.router.names)
-    live = LiveTurns()
     drain = Drain()
-    authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
     limiter = rate_limiter(rpm=settings.rate_limit_rpm, concurrent=settings.rate_limit_concurrent,
                            redis_url=settings.redis_url, redis_prefix=settings.redis_prefix)
 
@@ -168,19 +176,16 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         check_exposure(settings)
         drain.bind()
-        app.state.sealer = engine.sealer = Sealer.from_settings(settings.secret_key, settings.data_dir)
-        engine.store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,
-                                  positional_tenants=authenticator.positional_tenants())
-        await open_when_reachable(engine.store, settings.database_wait_seconds)
+        await open_when_reachable(store, settings.database_wait_seconds)
         await limiter.start()
-        # a cancel recorded by any replica stops the turn if it runs here
-        await engine.store.watch_cancels(live.cancel)
+        # a cancel recorded by any replica stops the run if it runs here
+        await store.watch_cancels(live.cancel)
         # and a replica asked to follow a response that runs here is sent its events
-        await engine.store.serve_follows(live.relayed)
+        await store.serve_follows(live.relayed)
         for backend in chosen:
             await backend.start()
         drain_task = asyncio.create_task(_drain_when_asked(drain, live))
-        retention = (Retention(engine.store, settings.response_retention_days)
+        retention = (Retention(store, settings.response_retention_days)
                      if settings.response_retention_days is not None else None)
         if retention is not None:
             retention.start()
@@ -198,7 +203,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
                 await backend.aclose()
             if retention is not None:
                 await retention.close()
-            await engine.store.close()
+            await store.close()
 
     app = FastAPI(
         title="Open Responses Server",
@@ -211,6 +216,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.drain = drain
     app.state.live = live
     app.state.engine = engine
+    app.state.sealer = sealer
     app.state.backends = chosen
     app.state.authenticator = authenticator
     app.state.limiter = limiter
@@ -285,7 +291,7 @@ def install_guards(app: FastAPI, settings: Settings) -> None:
         )
 
 
-async def _drain_when_asked(drain: Drain, live: LiveTurns) -> None:
+async def _drain_when_asked(drain: Drain, live: LiveRuns) -> None:
     await drain.wait()
     await live.drain()
 

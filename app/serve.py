@@ -30,32 +30,38 @@ def transport_options(settings: Settings) -> dict[str, Any]:
 
 def drain_on_exit_signals(drain: Drain) -> None:
     """In a worker process (``--workers N``), where uvicorn's own server handles the
-    signals: chain SIGTERM and SIGINT so that the worker's streams start draining first,
-    as :class:`Server` does in a single process. Called once the worker serves (uvicorn
-    has installed its handlers by then)."""
+    signals: chain SIGTERM and SIGINT so that the worker's streams drain first, and
+    uvicorn's handler runs once the drain is over, as :class:`Server` does in a single
+    process. Called once the worker serves (uvicorn has installed its handlers by then)."""
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(sig)
         if not callable(previous):
             continue
 
         def handler(number: int, frame: FrameType | None, previous: Any = previous) -> None:
-            drain.begin()
-            previous(number, frame)
+            if drain.draining:  # asked again: uvicorn's handler at once (a second one forces)
+                previous(number, frame)
+            else:
+                drain.begin(then=lambda: previous(number, frame))
 
         signal.signal(sig, handler)
 
 
 class Server(uvicorn.Server):
-    """A uvicorn server that starts draining the app's streams as soon as it is asked to
-    exit (SIGTERM, SIGINT, or ``handle_exit`` called by an embedding program)."""
+    """A uvicorn server that drains the app's streams as soon as it is asked to exit
+    (SIGTERM, SIGINT, or ``handle_exit`` called by an embedding program), and begins its
+    own shutdown (which closes every WebSocket connection at once) when the drain is
+    over (:mod:`app.transport.drain`). Asked again meanwhile, it begins it at once."""
 
     def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
         super().__init__(config)
         self.drain = drain
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.drain.begin()
-        super().handle_exit(sig, frame)
+        if self.drain.draining:
+            super().handle_exit(sig, frame)
+        else:
+            self.drain.begin(then=lambda: super(Server, self).handle_exit(sig, frame))
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

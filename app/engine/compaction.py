@@ -61,6 +61,7 @@ from app.protocol.items import (
     UserMessageParam,
 )
 from app.protocol.responses import InputTokensDetails, OutputTokensDetails, Usage
+from app.protocol.states import ItemStatus, ItemType
 
 log = logging.getLogger("ors.compaction")
 
@@ -80,13 +81,13 @@ _SLACK_TOKENS = 32
 JSON = dict[str, Any]
 
 _NEW_IDS = {
-    "message": ids.message_id,
-    "function_call": ids.function_call_id,
-    "function_call_output": ids.function_call_output_id,
-    "custom_tool_call": ids.custom_tool_call_id,
-    "custom_tool_call_output": ids.custom_tool_call_output_id,
-    "reasoning": ids.reasoning_id,
-    "compaction": ids.compaction_id,
+    ItemType.MESSAGE: ids.message_id,
+    ItemType.FUNCTION_CALL: ids.function_call_id,
+    ItemType.FUNCTION_CALL_OUTPUT: ids.function_call_output_id,
+    ItemType.CUSTOM_TOOL_CALL: ids.custom_tool_call_id,
+    ItemType.CUSTOM_TOOL_CALL_OUTPUT: ids.custom_tool_call_output_id,
+    ItemType.REASONING: ids.reasoning_id,
+    ItemType.COMPACTION: ids.compaction_id,
 }
 
 
@@ -237,7 +238,7 @@ def _with_unique_ids(items: list[JSON]) -> list[JSON]:
     id of the chain)."""
     seen: set[str] = set()
     for item in items:
-        item.setdefault("status", "completed")
+        item.setdefault("status", ItemStatus.COMPLETED)
         if item["id"] in seen:
             item["id"] = _NEW_IDS.get(item["type"], lambda: ids.new_id("item"))()
         seen.add(item["id"])

@@ -15,6 +15,7 @@ from app.protocol.responses import (
     TextFormatJsonSchemaParam,
     TextFormatText,
 )
+from app.protocol.states import ResponseStatus
 from app.protocol.tools import (
     AllowedToolChoice,
     AllowedToolsParam,
@@ -75,7 +76,7 @@ def initial_response(
     *,
     response_id: str,
     model: str,
-    status: str = "in_progress",
+    status: ResponseStatus = ResponseStatus.IN_PROGRESS,
     created_at: int | None = None,
 ) -> ResponseResource:
     """The snapshot sent with ``response.created``: status ``in_progress`` (or
@@ -84,7 +85,7 @@ def initial_response(
         id=response_id,
         created_at=created_at if created_at is not None else int(time.time()),
         completed_at=None,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         incomplete_details=None,
         model=model,
         previous_response_id=body.previous_response_id,
@@ -96,7 +97,7 @@ def initial_response(
                 name=offered.function,
                 description=offered.tool.description,
                 parameters=offered.parameters,
-                strict=offered.tool.strict,
+                strict=offered.strict,
                 namespace=offered.namespace_name,
             )
             for offered in body.function_tools

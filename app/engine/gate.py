@@ -80,6 +80,7 @@ from app.engine.gate_envelopes import chat_envelope
 from app.engine.gate_findings import CHAIN, Finding, Problem, Reason, as_finding, kind_of, show
 from app.engine.gate_tools import Toolbox
 from app.errors import InvalidRequest
+from app.protocol.states import ItemType
 from app.schemas import SchemaLimits
 
 __all__ = ["OUTPUTS", "Finding", "Reason", "UnknownToolPolicy", "check_items", "gate", "is_namespaced"]
@@ -89,7 +90,10 @@ UnknownToolPolicy = Literal["accept", "reject"]
 
 log = logging.getLogger("ors.gate")
 
-OUTPUTS = {"function_call_output": "function_call", "custom_tool_call_output": "custom_tool_call"}
+OUTPUTS: dict[str, ItemType] = {
+    ItemType.FUNCTION_CALL_OUTPUT: ItemType.FUNCTION_CALL,
+    ItemType.CUSTOM_TOOL_CALL_OUTPUT: ItemType.CUSTOM_TOOL_CALL,
+}
 """Each kind of output item, and the kind of call it answers."""
 
 
@@ -341,7 +345,7 @@ def _item_kind(item: JSON) -> str:
     kind = item.get("type")
     if isinstance(kind, str):
         return kind
-    return "message" if kind is None and "role" in item else "item"
+    return ItemType.MESSAGE if kind is None and "role" in item else "item"
 
 
 def _text_or_none(value: Any) -> str | None:

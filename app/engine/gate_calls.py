@@ -17,6 +17,7 @@ from typing import Any
 
 from app.engine.gate_findings import CHAIN, Problem, Reason, clip, kind_of, show
 from app.engine.gate_tools import Tool, Toolbox, called_name
+from app.protocol.states import ItemStatus, ItemType
 from app.protocol.tools import CUSTOM_INPUT
 from app.schemas import SchemaLimits, UnresolvedReference, compile_schema
 
@@ -26,14 +27,14 @@ JSON = Mapping[str, Any]
 def call_problem(call: JSON, toolbox: Toolbox) -> Problem | None:
     """The call checks from ``status`` to ``arguments_schema``, first failure wins."""
     status = call.get("status")
-    if status is not None and status != "completed":
+    if status is not None and status != ItemStatus.COMPLETED:
         return Problem(
             Reason.STATUS,
             f"has status {show(status)}, not 'completed': an unfinished call may carry truncated "
             "arguments and must never be answered. Drop the call and its output, and let the model "
             "call the tool again.",
         )
-    if call.get("type") == "custom_tool_call":
+    if call.get("type") == ItemType.CUSTOM_TOOL_CALL:
         return _custom_call_problem(call, toolbox)
     arguments = call.get("arguments")
     if not isinstance(arguments, str):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from app.protocol.states import ItemType
+
 _CALL_SHAPE = '{"type": "function_call", "call_id": <id>, "name": <function.name>, "arguments": <function.arguments>}'
 _OUTPUT_SHAPE = '{"type": "function_call_output", "call_id": <tool_call_id>, "output": <content>}'
 
@@ -19,7 +21,7 @@ _OUTPUT_SHAPE = '{"type": "function_call_output", "call_id": <tool_call_id>, "ou
 def chat_envelope(item: Mapping[str, Any]) -> str | None:
     """Why ``item`` is a Chat Completions shape, with its Responses equivalent, or ``None``."""
     kind = item.get("type")
-    if kind in (None, "message"):
+    if kind in (None, ItemType.MESSAGE):
         role = item.get("role")
         if isinstance(item.get("tool_calls"), list):
             return (
@@ -31,7 +33,7 @@ def chat_envelope(item: Mapping[str, Any]) -> str | None:
                 f"A message with role {role!r} is a Chat Completions tool result. In Responses, a tool "
                 f"result is a function_call_output item: {_OUTPUT_SHAPE}."
             )
-    if kind in ("function", "function_call") and isinstance(item.get("function"), Mapping):
+    if kind in ("function", ItemType.FUNCTION_CALL) and isinstance(item.get("function"), Mapping):
         return (
             'This is a Chat Completions tool call ({"type": "function", "function": {...}}). In '
             f"Responses, a tool call is a flat function_call item: {_CALL_SHAPE}."

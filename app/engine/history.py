@@ -26,6 +26,7 @@ from typing import Any
 from app.engine.context import EMPTY, Conversation, SealedContent, extend_conversation
 from app.engine.items import from_stored
 from app.errors import InvalidRequest, PreviousResponseNotFound
+from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 
 JSON = dict[str, Any]
@@ -169,7 +170,7 @@ class StoredHistory(HistorySource):
         previous = await self.store.get(self.tenant, response_id)
         if previous is None:
             raise not_found(response_id)
-        if previous.status in ("queued", "in_progress"):
+        if not ResponseStatus(previous.status).final:
             raise InvalidRequest(
                 f"Previous response '{response_id}' is still {previous.status}; continue from it "
                 "once it has finished.",

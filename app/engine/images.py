@@ -76,6 +76,7 @@ async def check_images(items: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
 
 def _image_parts(items: list[object]) -> Iterator[tuple[str, InputImageParam]]:
     for index, item in enumerate(items):
+        parts: object
         if isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
             parts, where = item.output, f"input[{index}].output"
         else:

@@ -27,6 +27,7 @@ from app.protocol.items import (
     SystemMessageParam,
     UserMessageParam,
 )
+from app.protocol.states import ItemStatus, ItemType
 
 _ITEMS: TypeAdapter[Any] = TypeAdapter(ItemParam)
 
@@ -41,7 +42,7 @@ def stored_form(item: object) -> JSON:
             if isinstance(item.content, str)
             else [part.model_dump(exclude_none=True) for part in item.content]
         )
-        return {"type": "message", "id": item.id or ids.message_id(), "status": "completed",
+        return {"type": ItemType.MESSAGE, "id": item.id or ids.message_id(), "status": ItemStatus.COMPLETED,
                 "role": item.role, "content": content}
     if isinstance(item, AssistantMessageParam):
         content = (
@@ -49,8 +50,8 @@ def stored_form(item: object) -> JSON:
             if isinstance(item.content, str)
             else [_assistant_part(part.model_dump(exclude_none=True)) for part in item.content]
         )
-        stored = {"type": "message", "id": item.id or ids.message_id(), "status": item.status or "completed",
-                  "role": "assistant", "content": content}
+        stored = {"type": ItemType.MESSAGE, "id": item.id or ids.message_id(),
+                  "status": item.status or ItemStatus.COMPLETED, "role": "assistant", "content": content}
         if item.phase is not None:
             stored["phase"] = item.phase
         return stored
@@ -59,17 +60,17 @@ def stored_form(item: object) -> JSON:
     if isinstance(item, FunctionCallOutputParam):
         return item.model_dump(exclude_none=True) | {
             "id": item.id or ids.function_call_output_id(),
-            "status": item.status or "completed",
+            "status": item.status or ItemStatus.COMPLETED,
         }
     if isinstance(item, CustomToolCallParam):
         return item.model_dump(exclude_none=True) | {
             "id": item.id or ids.custom_tool_call_id(),
-            "status": item.status or "completed",
+            "status": item.status or ItemStatus.COMPLETED,
         }
     if isinstance(item, CustomToolCallOutputParam):
         return item.model_dump(exclude_none=True) | {
             "id": item.id or ids.custom_tool_call_output_id(),
-            "status": item.status or "completed",
+            "status": item.status or ItemStatus.COMPLETED,
         }
     if isinstance(item, ReasoningParam):
         return item.model_dump(exclude_none=True) | {"id": item.id or ids.reasoning_id()}

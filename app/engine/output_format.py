@@ -25,13 +25,13 @@ def enforce_output_format(deltas: AsyncIterator[Delta], request: GenerationReque
     on: each delta of each response would cross it)."""
     if not checks_output_format(request):
         return deltas
-    return _enforced(deltas, admitted(request.output_format.schema))  # type: ignore[arg-type]
+    return _enforced(deltas, admitted(request.output_format.schema))
 
 
 def checks_output_format(request: GenerationRequest) -> bool:
     """Whether ``request`` has a strict ``text.format`` whose schema its answer is held to."""
     fmt = request.output_format
-    return fmt.kind == "json_schema" and fmt.strict and fmt.schema is not None
+    return fmt.kind == "json_schema" and bool(fmt.strict) and fmt.schema is not None
 
 
 async def _enforced(deltas: AsyncIterator[Delta], compiled: Compiled) -> AsyncIterator[Delta]:

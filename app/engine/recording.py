@@ -1,15 +1,16 @@
-"""What a stored turn writes, and when: the store's side of a :class:`~app.engine.turn.Turn`.
+"""What a stored run writes, and when: the store's side of a :class:`~app.engine.run.Run`.
 
-A turn with ``store: true`` has one :class:`Recording`. The turn decides when (its
-contract, in :mod:`app.engine.turn`); the recording knows what each write holds:
+A run with ``store: true`` has one :class:`Recording`. The run decides when (its
+contract, in :mod:`app.engine.run`, from its delivery); the recording knows what each
+write holds:
 
 * **The start** (:meth:`Recording.begin`): the response's row with its initial snapshot,
   its tools and its input items (stored form, ids given), before the first event is
-  sent. A response recorded only whole (a plain JSON answer, a stored stream answered at
-  once) defers it: the start is kept and goes in with the end, in one transaction.
+  sent. A response recorded only whole (a JSON answer) defers it: the start is kept and
+  goes in with the end, in one transaction.
 * **A step between starts** (:meth:`Recording.status`): ``queued`` → ``in_progress``.
 * **The end** (:meth:`Recording.end`): the final snapshot, the output items and the
-  events (``None`` for a turn whose events nobody reads), before the terminal event is
+  events (``None`` for a run whose events nobody reads), before the terminal event is
   sent. The final snapshot is serialized once (:attr:`Recording.answer`): the store
   writes it and a JSON answer sends it. Once written, the output is handed to
   ``on_recorded`` (the history kept for a continuation). The end is written once: a
@@ -24,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.protocol.responses import ResponseResource
+from app.protocol.responses import ResponseResource, response_json
 from app.store.base import NewResponse, ResponseStore
 from app.store.schema import Serialized
 
@@ -32,13 +33,10 @@ JSON = dict[str, Any]
 
 
 class Recording:
-    """The writes of one stored turn (see the module). ``input_items`` gives the request's
-    input items in stored form (made when first asked for). Each write is given the
-    snapshot's JSON by the turn, which makes each snapshot's JSON once. It holds nothing
-    of the turn: a turn that referred to itself through its recording would be freed
-    only by the cyclic collector, which ``ors serve`` runs rarely (``settle_heap``); a
-    recording that held the turn's own serializer cost stored streams about a tenth of
-    their throughput."""
+    """The writes of one stored run (see the module). ``input_items`` gives the request's
+    input items in stored form (made when first asked for). It holds nothing of the run:
+    a run that referred to itself through its recording would be freed only by the
+    cyclic collector, which ``ors serve`` runs rarely (``settle_heap``)."""
 
     def __init__(
         self,
@@ -65,10 +63,9 @@ class Recording:
         """The final response's JSON once the end's write began (made once: the store
         and a JSON answer share it)."""
 
-    async def begin(self, resource: ResponseResource, resource_json: str | None) -> None:
-        """Record the start, with ``resource`` the initial snapshot and ``resource_json``
-        its JSON; without the JSON, keep the start for the end (deferred: nothing is
-        written now, and the end's snapshot replaces it)."""
+    async def begin(self, resource: ResponseResource, *, whole: bool = False) -> None:
+        """Record the start, ``resource`` the initial snapshot; ``whole``: keep it for the
+        end instead (deferred: nothing is written now, and the end's snapshot replaces it)."""
         begun = NewResponse(
             id=self.response_id,
             tenant=self.tenant,
@@ -78,25 +75,24 @@ class Recording:
             previous_response_id=resource.previous_response_id,
             instructions=resource.instructions,
             tools=self.tools,
-            resource={} if resource_json is None else Serialized(resource_json, str(resource.status)),
+            resource={} if whole else _serialized(resource),
             input_items=self._input_items(),
             background=resource.background,
         )
-        if resource_json is None:
+        if whole:
             self.deferred = begun
             return
         await self.store.begin(begun)
 
-    async def status(self, resource: ResponseResource, resource_json: str) -> None:
+    async def status(self, resource: ResponseResource) -> None:
         """Record a step between starts (``resource`` in its new status)."""
-        await self.store.set_status(self.tenant, self.response_id, resource.status,
-                                    Serialized(resource_json, str(resource.status)))
+        await self.store.set_status(self.tenant, self.response_id, resource.status, _serialized(resource))
 
-    async def end(self, resource: ResponseResource, resource_json: str, events: list[str] | None) -> None:
+    async def end(self, resource: ResponseResource, events: list[str] | None) -> None:
         """Write the end (the whole response, if its start was deferred); raises what
         the write raised."""
         self.end_written = True
-        self.answer = final = Serialized(resource_json, str(resource.status))
+        self.answer = final = _serialized(resource)
         output = [item.model_dump(mode="json") for item in resource.output]
         if self.deferred is not None:
             written = await self.store.record(self.deferred, final, output, events)
@@ -105,12 +101,17 @@ class Recording:
         if written and self.on_recorded is not None:
             self.on_recorded(output)
 
-    async def end_later(self, resource: ResponseResource, resource_json: str, events: list[str] | None) -> None:
+    async def end_later(self, resource: ResponseResource, events: list[str] | None) -> None:
         """Hand the end the client was told to the store, to be written once it can
         (:meth:`ResponseStore.finish_later`): the stored response then says so too,
         instead of staying ``in_progress``. Nothing for a response recorded only whole,
         which has no row to end."""
         if self.deferred is not None:
             return
-        await self.store.finish_later(self.tenant, self.response_id, Serialized(resource_json, str(resource.status)),
+        await self.store.finish_later(self.tenant, self.response_id, _serialized(resource),
                                       [item.model_dump(mode="json") for item in resource.output], events)
+
+
+def _serialized(resource: ResponseResource) -> Serialized:
+    """The snapshot's JSON (made once per snapshot: the events that carry it share it)."""
+    return Serialized(response_json(resource), str(resource.status))

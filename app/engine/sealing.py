@@ -122,7 +122,7 @@ class Sealer:
             or not isinstance(envelope.get("d"), dict)
         ):
             raise SealError("The encrypted content was made for another use.")
-        return envelope["d"]  # type: ignore[no-any-return]
+        return envelope["d"]
 
     def _fernet(self, purpose: str) -> MultiFernet:
         fernet = self._by_purpose.get(purpose)

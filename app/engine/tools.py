@@ -51,7 +51,7 @@ class _PendingCall:
 class ToolCallGuard:
     """The policy of one request, applied to its deltas one at a time (see the module
     docstring): :meth:`feed` says what may pass in a delta's place. A plain object the
-    turn's pump calls in its own loop, so a delta crosses no generator of its own."""
+    run's pump calls in its own loop, so a delta crosses no generator of its own."""
 
     __slots__ = ("request", "policy", "offered", "strict", "pending", "pending_index", "released")
 

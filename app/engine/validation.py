@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from app.engine.limits import RequestLimits, check_json_shape, too_deep
 from app.errors import InvalidRequest
@@ -143,7 +144,7 @@ def _known_fields(model: type[BaseModel]) -> frozenset[str]:
 def to_invalid_request(exc: ValidationError, data: Any, model: type[BaseModel] | None = None) -> InvalidRequest:
     """The one error to report: the first in document order, skipping a union branch's
     "wrong type" complaint when another branch got further into the same value."""
-    found: list[tuple[int, str, dict[str, Any], Any]] = []
+    found: list[tuple[int, str, ErrorDetails, Any]] = []
     for error in exc.errors(include_url=False):
         loc = tuple(error["loc"])
         depth, param, holder = _param_path(_data_steps(model, loc) if model is not None else loc, data)
@@ -165,7 +166,7 @@ def to_invalid_request(exc: ValidationError, data: Any, model: type[BaseModel] |
     return InvalidRequest(_message(error, param) + _chat_completions_hint(holder), code=code, param=param or None)
 
 
-def _wrong_type(error: dict[str, Any]) -> bool:
+def _wrong_type(error: Mapping[str, Any]) -> bool:
     """A union member's complaint that the value is of another kind altogether (a string
     or literal expected where an object was sent): another member may explain it better."""
     return error["type"].endswith("_type") or (
@@ -200,7 +201,7 @@ _CODES = {
 }
 
 
-def _message(error: dict[str, Any], param: str) -> str:
+def _message(error: Mapping[str, Any], param: str) -> str:
     where = f"'{param}'" if param else "the request body"
     kind = error["type"]
     if kind == "missing":
@@ -283,7 +284,7 @@ def _definitions(model: type[BaseModel]) -> Mapping[str, Any]:
 
 
 def _core(model: type[BaseModel]) -> Mapping[str, Any]:
-    return model.__pydantic_core_schema__  # type: ignore[return-value]
+    return model.__pydantic_core_schema__
 
 
 _WRAPPERS = frozenset({

@@ -5,14 +5,14 @@ Every event has ``type`` and a ``sequence_number`` that the engine's builder ass
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import Field
 
 from app.protocol.base import WireModel
 from app.protocol.content import LogProb, StreamablePart, SummaryText, UrlCitation
 from app.protocol.items import OutputItem
-from app.protocol.responses import ResponseResource
+from app.protocol.responses import ResponseResource, response_json
 
 
 class StreamEvent(WireModel):
@@ -52,6 +52,9 @@ class ResponseIncomplete(StreamEvent):
     type: Literal["response.incomplete"] = "response.incomplete"
     response: ResponseResource
 
+
+ResponseEvent = (ResponseCreated | ResponseQueued | ResponseInProgress | ResponseCompleted | ResponseFailed
+                 | ResponseIncomplete)
 
 RESPONSE_EVENTS: frozenset[type[StreamEvent]] = frozenset(
     {ResponseCreated, ResponseQueued, ResponseInProgress, ResponseCompleted, ResponseFailed, ResponseIncomplete}
@@ -258,6 +261,19 @@ Event = Annotated[
     | ErrorEvent,
     Field(discriminator="type"),
 ]
+
+
+def serialize_event(event: StreamEvent) -> str:
+    """The event's JSON, the one way an event becomes text: SSE and WebSocket frames, the
+    stored events and a follower's events are all this text. It is what the event's model
+    writes (its fields in order, those of ``omit_if_none`` left out when ``None``); the
+    response an event carries is written by :func:`~app.protocol.responses.response_json`,
+    once per snapshot however many events carry it."""
+    if type(event) in RESPONSE_EVENTS:
+        response = cast(ResponseEvent, event).response
+        return (f'{{"type":"{event.type}","sequence_number":{event.sequence_number},'
+                f'"response":{response_json(response)}}}')
+    return event.model_dump_json()
 
 
 def event_type_names() -> list[str]:

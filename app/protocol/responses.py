@@ -215,6 +215,26 @@ class ResponseResource(WireModel):
     prompt_cache_key: str | None
 
 
+def response_json(resource: ResponseResource) -> str:
+    """``resource`` as JSON (what its model writes), made once per snapshot in a row.
+
+    A snapshot is never changed once made (a change makes a new one, ``model_copy``), and
+    the events and records that carry one come one after the other: ``response.created``
+    and ``response.in_progress`` carry the same snapshot, as the terminal event, the
+    stored end and a JSON answer do. The last snapshot serialized and its JSON are kept
+    (the snapshot itself, so its identity cannot be reused); another snapshot replaces
+    them."""
+    last = _last_response_json[0]
+    if last[0] is resource:
+        return last[1]
+    text = resource.model_dump_json()
+    _last_response_json[0] = (resource, text)  # one assignment: a reader sees a pair whole
+    return text
+
+
+_last_response_json: list[tuple[ResponseResource | None, str]] = [(None, "")]
+
+
 class DeletedResponse(WireModel):
     id: str
     object: Literal["response.deleted"] = "response.deleted"

@@ -15,70 +15,57 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.engine.body_decoding import decode_body
-from app.engine.runs import LiveTurns
-from app.engine.turn import Turn
+from app.engine.delivery import Delivery
+from app.engine.run import Run
 from app.protocol.responses import ResponseResource
+from app.protocol.states import ResponseStatus
 from app.transport.deps import (
     DrainDep,
     EngineDep,
     LimiterDep,
-    LiveDep,
     StreamOptionsDep,
     TenantDep,
     history_for,
     resource_json,
 )
 from app.transport.errors import client_left, error_response
-from app.transport.sse import stream_emitted, stream_turn
+from app.transport.sse import stream_emitted, stream_run
 
 router = APIRouter()
 
 
 @router.post("/v1/responses")
-async def create_response(request: Request, engine: EngineDep, tenant: TenantDep, live: LiveDep,
-                          limiter: LimiterDep, drain: DrainDep, stream_options: StreamOptionsDep) -> Response:
+async def create_response(request: Request, engine: EngineDep, tenant: TenantDep, limiter: LimiterDep,
+                          drain: DrainDep, stream_options: StreamOptionsDep) -> Response:
     """Create a response: JSON by default, SSE with ``stream: true``; ``background: true``
     runs it in a task of its own and answers at once. The tenant's rate limits are
     checked first; the place it holds among the tenant's responses in flight is released
-    when the response ends (its terminal event, the client leaving, an error before it
-    started, or a background run's end)."""
+    when the response ends (the run awaits it once, however it ends), or when the request
+    fails before a run exists."""
     lease = await limiter.acquire(tenant)
     try:
-        turn = await engine.prepare(
-            await decode_body(await request.body(), engine.limits),
-            tenant=tenant,
-            history=history_for(engine, tenant),
-            whole_unless_streamed=True,  # a plain JSON answer: nobody sees its output before it ends
-        )
+        prepared = await engine.prepare(await decode_body(await request.body(), engine.limits), tenant=tenant,
+                                        history=history_for(engine, tenant))
     except BaseException:
         await lease.release()
         raise
-    body = turn.body
-    if body.background:
-        live.start_background(turn, on_end=lease.release)
-        # its first event exists once its start is recorded; a start that fails is a
-        # plain HTTP error, as for any request
-        await turn.wait_started()
+    body = prepared.body
+    delivery = Delivery.BACKGROUND if body.background else Delivery.SSE if body.stream else Delivery.JSON
+    # a start that cannot be recorded raises here: a plain HTTP error, before any stream
+    run = await engine.run(prepared, delivery, on_end=lease.release)
+    if delivery is Delivery.BACKGROUND:
         if body.stream:
-            return stream_emitted(turn.follow(), stream_options)
-        return resource_json(turn.response)
-    if body.stream:
-        try:
-            await turn.open()  # a failure to begin is a plain error, before the stream commits
-        except BaseException:
-            await lease.release()
-            raise
-        return stream_turn(turn, drain, live, stream_options, on_end=lease.release)
-    turn.defer_recording()  # nobody knows its id before the answer: one write, at the end
-    turn.unread()  # and unstored, nobody reads its events
-    async with lease:
-        response = await _run_while_connected(request, turn, live)
+            return stream_emitted(run.follow(), stream_options)
+        return resource_json(run.response)
+    if delivery is Delivery.SSE:
+        return stream_run(run, drain, stream_options)
+    response = await _run_while_connected(request, run)
     if response is None:  # the client left: nobody to answer
         return client_left()
-    if response.status == "failed" and turn.error is not None:
-        return error_response(turn.error)
-    if turn.answer is not None:  # serialized once, for the store and for the client
-        return Response(turn.answer, media_type="application/json")
+    if response.status == ResponseStatus.FAILED and run.error is not None:
+        return error_response(run.error)
+    if run.answer is not None:  # serialized once, for the store and for the client
+        return Response(run.answer, media_type="application/json")
     return resource_json(response)
 
 
@@ -88,12 +75,12 @@ that is ready sooner makes no watcher task; a client that leaves sooner is notic
 much later at most."""
 
 
-async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) -> ResponseResource | None:
-    """Run a non-streaming turn in this task; ``None`` if the client disconnected first.
+async def _run_while_connected(request: Request, run: Run) -> ResponseResource | None:
+    """Drive a JSON run in this task; ``None`` if the client disconnected first.
 
-    A watcher task beside it (started once the turn has run :data:`WATCH_AFTER_SECONDS`)
+    A watcher task beside it (started once the run has run :data:`WATCH_AFTER_SECONDS`)
     reads the connection: on ``http.disconnect`` it cancels this task (a plain
-    ``Task.cancel``, delivered once), so the turn ends as a client leaving ends one (its
+    ``Task.cancel``, delivered once), so the run ends as a reader leaving ends one (its
     clean-up, recording the end, runs to its end), and the cancel is taken back
     (``Task.uncancel``): the request ends normally, not as an error. A cancel from
     anywhere else goes on up."""
@@ -120,8 +107,7 @@ async def _run_while_connected(request: Request, turn: Turn, live: LiveTurns) ->
 
     timer = asyncio.get_running_loop().call_later(WATCH_AFTER_SECONDS, start_watching)
     try:
-        with live.tracking(turn):
-            return await turn.run()
+        return await run.final()
     except asyncio.CancelledError:
         if not left or current.uncancel() > 0:
             raise

@@ -15,8 +15,8 @@ from fastapi.responses import Response
 
 from app.engine.engine import Engine
 from app.engine.history import HistorySource, NoHistory, StoredHistory
-from app.engine.runs import LiveTurns
-from app.protocol.responses import ResponseResource
+from app.engine.live import LiveRuns
+from app.protocol.responses import ResponseResource, response_json
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.ratelimit import RateLimiter
@@ -34,7 +34,7 @@ async def get_tenant(request: Request) -> str:
     return authenticator.tenant(request.headers.get("authorization") if authenticator.keyed else None)
 
 
-async def get_live(request: Request) -> LiveTurns:
+async def get_live(request: Request) -> LiveRuns:
     return request.app.state.live  # type: ignore[no-any-return]
 
 
@@ -52,7 +52,7 @@ async def get_stream_options(request: Request) -> StreamOptions:
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
 TenantDep = Annotated[str, Depends(get_tenant)]
-LiveDep = Annotated[LiveTurns, Depends(get_live)]
+LiveDep = Annotated[LiveRuns, Depends(get_live)]
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 DrainDep = Annotated[Drain, Depends(get_drain)]
 StreamOptionsDep = Annotated[StreamOptions, Depends(get_stream_options)]
@@ -64,4 +64,4 @@ def history_for(engine: Engine, tenant: str) -> HistorySource:
 
 
 def resource_json(response: ResponseResource) -> Response:
-    return Response(response.model_dump_json(), media_type="application/json")
+    return Response(response_json(response), media_type="application/json")

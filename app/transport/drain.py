@@ -6,6 +6,14 @@ lifespan cannot be the signal. Instead the uvicorn ``Server`` used by ``ors serv
 stream and WebSocket turn is told (:meth:`Drain.when_draining`, or :meth:`Drain.wait`)
 and ends its response with ``response.failed`` (code ``server_shutting_down``) before
 the connection closes.
+
+uvicorn's own shutdown closes every WebSocket connection at once (code 1012), whatever
+it is sending: a connection's response must have ended before that. So a WebSocket
+connection holds the drain while it is open (:meth:`Drain.hold`), and the exit handler
+lets uvicorn shut down only once the drain is over (the ``then`` of :meth:`Drain.begin`):
+when every connection held has closed itself after its last event, or after
+:data:`HOLD_SECONDS` at most. (An HTTP stream needs no hold: uvicorn lets a response
+that is being sent finish.)
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ from collections.abc import Callable
 
 log = logging.getLogger("ors.drain")
 
+HOLD_SECONDS = 30.0
+"""How long the drain waits for the connections that hold it before it is over anyway."""
+
 
 class Drain:
     def __init__(self) -> None:
@@ -24,6 +35,9 @@ class Drain:
         self._requested = False
         self._callbacks: dict[int, Callable[[], None]] = {}
         self._next = 0
+        self._holds = 0
+        self._then: list[Callable[[], None]] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def bind(self) -> None:
         """Attach to the running loop (called from the app's lifespan)."""
@@ -32,11 +46,18 @@ class Drain:
         if self._requested:
             self._fire()
 
-    def begin(self) -> None:
-        """Ask open streams to finish. Safe from any thread, including signal handlers."""
+    def begin(self, then: Callable[[], None] | None = None) -> None:
+        """Ask open streams to finish; ``then`` is called once the drain is over (every
+        hold released, :data:`HOLD_SECONDS` at most; at once when the server does not
+        run). Safe from any thread, including signal handlers; a second call adds its
+        ``then``."""
         self._requested = True
-        if self._loop is not None and self._event is not None:
-            self._loop.call_soon_threadsafe(self._fire)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            if then is not None:
+                then()
+            return
+        loop.call_soon_threadsafe(self._fire, then)
 
     @property
     def draining(self) -> bool:
@@ -59,7 +80,25 @@ class Drain:
             asyncio.get_running_loop().call_soon(self._fire)
         return lambda: self._callbacks.pop(key, None)
 
-    def _fire(self) -> None:
+    def hold(self) -> Callable[[], None]:
+        """Hold the drain open until the function returned is called (once): a connection
+        that must close itself before the server shuts connections down."""
+        self._holds += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._holds -= 1
+                if self._requested and not self._holds:
+                    self._over()
+
+        return release
+
+    def _fire(self, then: Callable[[], None] | None = None) -> None:
+        if then is not None:
+            self._then.append(then)
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, {}
@@ -68,3 +107,15 @@ class Drain:
                 callback()
             except Exception:
                 log.exception("a stream could not be told that the server drains")
+        if not self._holds:
+            self._over()
+        elif self._timer is None and self._loop is not None:
+            self._timer = self._loop.call_later(HOLD_SECONDS, self._over)
+
+    def _over(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        thens, self._then = self._then, []
+        for then in thens:
+            then()

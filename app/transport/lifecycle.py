@@ -11,8 +11,9 @@ from fastapi.responses import Response
 
 from app import jsontext
 from app.engine.engine import Engine
-from app.engine.turn import Emitted
+from app.engine.event_log import Emitted
 from app.errors import InvalidRequest, NotFound
+from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 from app.transport.deps import EngineDep, LiveDep, StreamOptionsDep, TenantDep, resource_json
 from app.transport.sse import replay_events, stream_emitted
@@ -43,7 +44,7 @@ async def retrieve_response(
         raise _not_found(response_id)
     if not stream:
         return _json(stored.resource)
-    if stored.status in ("queued", "in_progress"):
+    if not ResponseStatus(stored.status).final:
         elsewhere = _store(engine).follow_elsewhere(tenant, response_id, starting_after)
         if elsewhere is not None:  # another process runs it: follow it there
             return stream_emitted((Emitted(event.type, event.data) async for event in elsewhere), stream_options)
@@ -73,7 +74,7 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
 @router.post("/v1/responses/{response_id}/cancel")
 async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
     """Cancel a background response, wherever it runs; a finished one is returned
-    unchanged. Running here, the turn is stopped and its own end (with the output made so
+    unchanged. Running here, the run is stopped and its own end (with the output made so
     far) is the answer; running on another replica (or nowhere any more), the cancel is
     recorded in the store, which tells the replica that runs it (``app.store.cancels``)."""
     running = live.get(tenant, response_id)
@@ -89,7 +90,7 @@ async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep
         raise _not_found(response_id)
     if not stored.background:
         raise _not_background()
-    if stored.status in ("queued", "in_progress"):
+    if not ResponseStatus(stored.status).final:
         stored = await store.cancel(tenant, response_id)
         if stored is None:  # deleted meanwhile
             raise _not_found(response_id)

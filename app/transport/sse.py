@@ -1,22 +1,22 @@
 """Server-sent events, through sse-starlette's ``EventSourceResponse``.
 
 What a client receives: each event as one ``event: <type>`` line and one ``data: <json>``
-line, ``\\n`` line endings, no ``id:``; the events of one batch of the turn in one write;
+line, ``\\n`` line endings, no ``id:``; the events of one batch of the run in one write;
 keep-alive pings as SSE comments (``: ping``) after ``ORS_SSE_PING_SECONDS`` of silence;
 the stream ends with ``data: [DONE]``. Headers: ``Content-Type: text/event-stream;
 charset=utf-8``, ``Cache-Control: no-store``, ``X-Accel-Buffering: no`` (nginx passes the
 stream on unbuffered); no ``Connection`` header, whose value is the HTTP layer's choice.
 
-The races of a stream that drives a turn (:func:`stream_turn`):
+The races of a stream that reads a run (:func:`stream_run`):
 
 * **client gone**: sse-starlette's listener sees ``http.disconnect`` and cancels the
-  response's task group; the body is cancelled where it waits, inside the turn, whose own
+  response's task group; the body is cancelled where it waits, inside the run, whose own
   shielded clean-up stops the backend (generation stops) and records the response
-  ``incomplete`` (``client_disconnected``). ``on_end`` still runs to its end (shielded).
-* **upstream fails**: the turn itself turns the failure into ``error`` +
+  ``incomplete`` (``client_disconnected``).
+* **upstream fails**: the run itself turns the failure into ``error`` +
   ``response.failed``; ``[DONE]`` follows.
 * **server shutdown**: the app's :class:`~app.transport.drain.Drain` calls back each
-  stream it was given; the turn is interrupted, its events end with ``response.failed``
+  stream it was given; the run is interrupted, its events end with ``response.failed``
   (``server_shutting_down``), and ``[DONE]`` follows. sse-starlette's own shutdown
   handling would cancel streams on the exit signal, before their terminal event; it is
   switched off for the process (:func:`leave_shutdown_to_the_drain`), so a stream ends
@@ -24,7 +24,7 @@ The races of a stream that drives a turn (:func:`stream_turn`):
 * **send timeout**: a write that the client has not taken within
   ``ORS_SSE_SEND_TIMEOUT`` (it reads nothing, its buffers are full) ends the stream as a
   client leaving does, and the connection is dropped: a client that stopped reading holds
-  no turn.
+  no run.
 """
 
 from __future__ import annotations
@@ -32,18 +32,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-import anyio
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import AppStatus, SendTimeoutError
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from app.config import Settings
-from app.engine.runs import LiveTurns
-from app.engine.turn import Emitted, Turn
+from app.engine.event_log import Emitted
+from app.engine.run import Run
 from app.errors import ServerError
 from app.transport.drain import Drain
 
@@ -89,7 +88,7 @@ def _ping() -> ServerSentEvent:
 class EventStream(EventSourceResponse):
     """sse-starlette's response with the framing above. A stream whose client stopped
     reading (:class:`SendTimeoutError`) is logged and ends there: its body has been
-    closed (the turn ended as a client leaving ends it), and uvicorn closes the
+    closed (the run ended as a client leaving ends it), and uvicorn closes the
     connection, as for any response an application leaves unfinished (it logs that too:
     no further write could reach that client)."""
 
@@ -117,46 +116,27 @@ class EventStream(EventSourceResponse):
                         f"{client[0]}:{client[1]} - " if client else "", self.send_timeout)
 
 
-def stream_turn(turn: Turn, drain: Drain, live: LiveTurns, options: StreamOptions,
-                on_end: Callable[[], Awaitable[None]] | None = None) -> EventStream:
-    """The SSE response that drives a prepared (and opened) turn. ``on_end`` is awaited
-    once, when the turn has ended: before its terminal event is sent when it ends, else
-    whenever the response is over (a client gone, a send timed out, a body that never
-    started), shielded from the response's cancellation."""
-
-    over = False
-
-    async def ended() -> None:  # the first call does it; the others find it done
-        nonlocal over
-        if over:
-            return
-        over = True
-        await turn.discard()  # opened, but the body never ran
-        if on_end is not None:
-            await on_end()
+def stream_run(run: Run, drain: Drain, options: StreamOptions) -> EventStream:
+    """The SSE response that reads a started run, one write per batch of its events. A
+    body that never ran (its client left first) closes the run, which ends it as a reader
+    leaving does; the run does everything else (recording, its ``on_end``)."""
 
     async def body() -> AsyncIterator[bytes]:
         forget = drain.when_draining(
-            lambda: turn.interrupt(ServerError("The server is shutting down.", code="server_shutting_down")))
+            lambda: run.interrupt(ServerError("The server is shutting down.", code="server_shutting_down")))
         try:
-            with live.tracking(turn):
-                async with contextlib.aclosing(turn.batches()) as batches:
-                    async for batch in batches:  # one write per batch
-                        chunk = b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
-                        if turn.ended:  # the terminal event, recorded: nothing follows it
-                            await ended()  # before the client reads the end and asks again
-                            yield chunk + DONE_FRAME
-                            return
-                        yield chunk
-            await ended()
+            async with contextlib.aclosing(run.batches()) as batches:
+                async for batch in batches:
+                    chunk = b"".join([encode_event(emitted.type, emitted.data) for emitted in batch])
+                    if run.ended:  # the terminal event, recorded: nothing follows it
+                        yield chunk + DONE_FRAME
+                        return
+                    yield chunk
             yield DONE_FRAME
         finally:
             forget()
-            if not over:  # cut short: the response's scope may be cancelled
-                with anyio.CancelScope(shield=True):
-                    await ended()
 
-    return EventStream(body(), options, BackgroundTask(ended))
+    return EventStream(body(), options, BackgroundTask(run.aclose))
 
 
 def stream_emitted(events: AsyncIterator[Emitted], options: StreamOptions) -> EventStream:

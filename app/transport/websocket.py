@@ -4,9 +4,9 @@ Each client text frame is one ``{"type": "response.create", ...request body}``. 
 server answers with the same event objects as SSE, one JSON object per frame, and no
 ``[DONE]``. Contract of a connection:
 
-* **One response in flight.** Frames that arrive while a turn runs wait in a queue and
+* **One response in flight.** Frames that arrive while a response runs wait in a queue and
   run strictly in order. The reader keeps reading meanwhile, so a client that goes away
-  is noticed at once: the running turn is cancelled, which stops generation.
+  is noticed at once: the running response is cancelled, which stops generation.
 * **Rate limits.** Each ``response.create`` is counted by the tenant's rate limits when
   its turn comes, and holds a place among the tenant's responses in flight while its
   response runs. A refusal is an error envelope (status 429, code
@@ -28,11 +28,12 @@ server answers with the same event objects as SSE, one JSON object per frame, an
   envelope ``{"type": "error", "status", "error": {...}}``; a failure after it started
   is one ``response.failed`` (no ``error`` event before it, unlike SSE). The socket stays
   open for the next turn.
-* **The cap.** After ``ORS_WS_MAX_CONNECTION_SECONDS`` the running turn (if any) ends
+* **The cap.** After ``ORS_WS_MAX_CONNECTION_SECONDS`` the running response (if any) ends
   with ``response.failed``, code ``websocket_connection_limit_reached``; an idle
   connection gets that error envelope. Queued turns that never started are dropped.
   Then the socket closes normally. Server shutdown does the same with
-  ``server_shutting_down``.
+  ``server_shutting_down``, and the server closes its connections only once each has
+  closed itself so (:meth:`app.transport.drain.Drain.hold`).
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from app.engine.body_decoding import decode_body
+from app.engine.delivery import Delivery
 from app.engine.engine import Engine
 from app.engine.history import History, HistorySource, NoHistory, StoredHistory, merge_tools, not_found
 from app.engine.items import from_stored
 from app.engine.limits import RequestLimits
-from app.engine.runs import LiveTurns
-from app.engine.turn import Turn
+from app.engine.run import Run
 from app.errors import InvalidRequest, ORSError, ServerError, TooManyRequests
+from app.protocol.states import ResponseStatus
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
 from app.transport.errors import error_response
@@ -83,13 +85,13 @@ class ConnectionHistory(HistorySource):
             return self.latest[1]
         return await self.fallback.load(response_id)
 
-    def remember(self, turn: Turn, past: History) -> None:
-        output = [item.model_dump(mode="json") for item in turn.response.output]
-        own = [*turn.input_items, *output]
+    def remember(self, run: Run, past: History) -> None:
+        output = [item.model_dump(mode="json") for item in run.response.output]
+        own = [*run.input_items, *output]
         self.latest = (
-            turn.id,
+            run.id,
             History(items=[*past.items, *(from_stored(item) for item in own)],
-                    tools=merge_tools(past.tools, turn.tools),
+                    tools=merge_tools(past.tools, run.tools),
                     stored_items=[*past.stored_items, *own]),
         )
 
@@ -100,7 +102,7 @@ class ConnectionHistory(HistorySource):
 
 
 class Connection:
-    def __init__(self, socket: WebSocket, engine: Engine, tenant: str, live: LiveTurns, drain: Drain,
+    def __init__(self, socket: WebSocket, engine: Engine, tenant: str, drain: Drain,
                  max_seconds: float, max_queued: int, limiter: RateLimiter, bodies: BodyBudget | None = None) -> None:
         self.socket = socket
         self.bodies = bodies if bodies is not None else BodyBudget(0)
@@ -109,7 +111,6 @@ class Connection:
         self.limiter = limiter
         self.engine = engine
         self.tenant = tenant
-        self.live = live
         self.drain = drain
         self.max_seconds = max_seconds
         fallback = (StoredHistory(engine.store, tenant, engine.history_cache) if engine.store is not None
@@ -121,10 +122,19 @@ class Connection:
         """Frames in the queue."""
         self.busy = False
         """Whether the worker is handling a frame."""
-        self.current: Turn | None = None
+        self.current: Run | None = None
         self.closing: ORSError | None = None
 
     async def serve(self) -> None:
+        # the server shuts connections down once this one has closed itself (its running
+        # response ended first), not while it may still be sending
+        release = self.drain.hold()
+        try:
+            await self._serve()
+        finally:
+            release()
+
+    async def _serve(self) -> None:
         reader = asyncio.create_task(self._read())
         worker = asyncio.create_task(self._work())
         limit = asyncio.create_task(self._limit())
@@ -183,7 +193,7 @@ class Connection:
         )
 
     async def _close_after(self, worker: asyncio.Task[None], error: ORSError) -> None:
-        """End the running turn (if any) with ``error``, drop the queue, close cleanly."""
+        """End the running response (if any) with ``error``, drop the queue, close cleanly."""
         self.closing = error
         if self.current is not None:
             # a turn is being sent (it may have just finished): let it end on its own
@@ -234,27 +244,27 @@ class Connection:
             past = (
                 await self.history.load(previous) if isinstance(previous, str) and previous else History()
             )
-            turn = await self.engine.prepare(data, tenant=self.tenant, history=_Fixed(past), error_events=False)
+            prepared = await self.engine.prepare(data, tenant=self.tenant, history=_Fixed(past))
             # its start recorded before any event: a store out of reach (or a chain
             # deleted meanwhile) is an error envelope, as over HTTP it is a plain error
-            await turn.open()
+            run = await self.engine.run(prepared, Delivery.WEBSOCKET)
         except ORSError as error:
             self._evict_referenced(data)
             await self._send(error.websocket_envelope())
             return
-        self.current = turn
+        self.current = run
         try:
-            with self.live.tracking(turn):
-                async with contextlib.aclosing(turn.batches()) as batches:
-                    async for batch in batches:
-                        for emitted in batch:
-                            await self.socket.send_text(emitted.data)
+            async with contextlib.aclosing(run.batches()) as batches:
+                async for batch in batches:
+                    for emitted in batch:
+                        await self.socket.send_text(emitted.data)
         finally:
             self.current = None
-        if turn.response.status in ("failed", "cancelled"):
+            await run.aclose()  # never read (cancelled first): it ends as a reader leaving
+        if run.response.status in (ResponseStatus.FAILED, ResponseStatus.CANCELLED):
             self._evict_referenced(data)
         else:
-            self.history.remember(turn, past)
+            self.history.remember(run, past)
 
     def _evict_referenced(self, data: Any) -> None:
         previous = data.get("previous_response_id") if isinstance(data, dict) else None
@@ -310,7 +320,7 @@ async def responses_socket(socket: WebSocket) -> None:
     await socket.accept()
     settings = state.settings
     connection = Connection(
-        socket, state.engine, tenant, state.live, state.drain, settings.ws_max_connection_seconds,
+        socket, state.engine, tenant, state.drain, settings.ws_max_connection_seconds,
         settings.ws_max_queued_frames, state.limiter, state.bodies,
     )
     await connection.serve()

@@ -10,11 +10,10 @@ import pytest
 from pydantic_core import PydanticSerializationError
 
 from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
-from app.engine.builder import IllegalTransition, ResponseBuilder, TextDeltaEvent, WireEvent
+from app.engine.builder import IllegalTransition, ResponseBuilder
 from app.engine.echo import initial_response
 from app.errors import ModelError, StoreUnavailable
-from app.protocol.events import OutputTextDelta
-from app.protocol.events import ReasoningDelta as ReasoningDeltaEvent
+from app.protocol.events import ResponseCreated, ResponseInProgress, StreamEvent, serialize_event
 from app.protocol.responses import CreateResponseBody
 from app.protocol.tools import offered_functions
 from compliance import check_stream
@@ -28,7 +27,7 @@ def _builder(*, status: str = "in_progress", error_events: bool = True) -> Respo
 
 
 def _wire(events: list) -> list[dict]:  # type: ignore[type-arg]
-    return [json.loads(event.model_dump_json()) for event in events]
+    return [json.loads(serialize_event(event)) for event in events]
 
 
 def _run(builder: ResponseBuilder, *deltas: object) -> list[dict]:  # type: ignore[type-arg]
@@ -225,7 +224,7 @@ def test_only_a_completed_end_can_be_taken_back() -> None:
         builder.unrecorded(StoreUnavailable("x"))  # failed already: nothing better to say
 
 
-# ---------------------------------------------------------------- a quiet builder
+# ---------------------------------------------------------------- a builder without events
 
 
 _ENDINGS = {
@@ -247,49 +246,47 @@ def _ids_blanked(value: object) -> object:
     return value
 
 
+def _silent() -> ResponseBuilder:
+    body = CreateResponseBody.model_validate({"model": "m", "input": "hi"})
+    return ResponseBuilder(initial_response(body, response_id="resp_test", model="m", status="in_progress"),
+                           events=False)
+
+
 @pytest.mark.parametrize("ending", list(_ENDINGS))
-def test_a_quiet_builder_gives_the_same_events_and_response_without_their_models(ending: str) -> None:
-    loud, quiet = _builder(), _builder()
-    quiet.quiet()
+def test_a_builder_without_events_builds_the_same_response(ending: str) -> None:
+    loud, silent = _builder(), _silent()
     wire = _run(loud, *_ENDINGS[ending])
-    events = quiet.start()
+    events = silent.start()
     for delta in _ENDINGS[ending]:
-        events += quiet.feed(delta)
-    assert [type(event).__name__ for event in events] == ["Unread"] * len(wire)
-    assert [(event.type, event.sequence_number) for event in events] == [
-        (event["type"], event["sequence_number"]) for event in wire]
+        events += silent.feed(delta)
+    assert events == []
     check_stream([*wire, "[DONE]"])
-    assert _ids_blanked(json.loads(quiet.response.model_dump_json())) == _ids_blanked(
+    assert _ids_blanked(json.loads(silent.response.model_dump_json())) == _ids_blanked(
         json.loads(loud.response.model_dump_json()))
 
 
-def test_a_quiet_builder_fails_and_takes_back_an_end_as_any_other() -> None:
-    loud, quiet = _builder(), _builder()
-    quiet.quiet()
-    wire = loud.start() + loud.feed(TextDelta("kept")) + loud.feed(Finish("stop"))
-    events = quiet.start() + quiet.feed(TextDelta("kept")) + quiet.feed(Finish("stop"))
-    wire += loud.unrecorded(StoreUnavailable("The response store cannot be reached."))
-    events += quiet.unrecorded(StoreUnavailable("The response store cannot be reached."))
-    assert [(event.type, event.sequence_number) for event in events] == [
-        (event.type, event.sequence_number) for event in wire]
-    assert quiet.response.status == "failed" and quiet.response.error is not None
-    assert quiet.response.error.code == "store_unavailable"
+def test_a_builder_without_events_fails_and_takes_back_an_end_as_any_other() -> None:
+    silent = _silent()
+    assert silent.start() + silent.feed(TextDelta("kept")) + silent.feed(Finish("stop")) == []
+    assert silent.unrecorded(StoreUnavailable("The response store cannot be reached.")) == []
+    assert silent.response.status == "failed" and silent.response.error is not None
+    assert silent.response.error.code == "store_unavailable"
+    assert silent.response.output[0].content[0].text == "kept"  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
     "moves",
     [
-        lambda b: (b.start(), b.quiet()),
-        lambda b: (b.quiet(), b.start(), b.feed(Finish("stop")), b.feed(TextDelta("after the end"))),
-        lambda b: (b.quiet(), b.start(), b.feed(ToolCallDelta(0, arguments="{}"))),
-        lambda b: (b.quiet(), b.start(), b.feed(ToolCallDelta(0, name="a")), b.feed(ToolCallDelta(1, name="b")),
+        lambda b: (b.start(), b.feed(Finish("stop")), b.feed(TextDelta("after the end"))),
+        lambda b: (b.start(), b.feed(ToolCallDelta(0, arguments="{}"))),
+        lambda b: (b.start(), b.feed(ToolCallDelta(0, name="a")), b.feed(ToolCallDelta(1, name="b")),
                    b.feed(ToolCallDelta(0, arguments="{}"))),
     ],
-    ids=["quiet-after-start", "after-the-end", "call-without-name", "call-continued-after-close"],
+    ids=["after-the-end", "call-without-name", "call-continued-after-close"],
 )
-def test_a_quiet_builder_refuses_what_any_builder_refuses(moves) -> None:  # type: ignore[no-untyped-def]
+def test_a_builder_without_events_refuses_what_any_builder_refuses(moves) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(IllegalTransition):
-        moves(_builder())
+        moves(_silent())
 
 
 def _random_text(rng: random.Random) -> str:
@@ -304,40 +301,14 @@ def _random_text(rng: random.Random) -> str:
     return "".join(chars) + rng.choice(["", '"', "\\", "\n", "\t", "</script>"])
 
 
-@pytest.mark.parametrize("wire", [OutputTextDelta, ReasoningDeltaEvent])
-def test_a_text_delta_is_written_as_its_wire_model_writes_it(wire: type) -> None:
-    rng = random.Random(11)
-    kind = wire.model_fields["type"].default
-    for _ in range(3000):
-        fields = {"sequence_number": rng.randint(0, 10**6), "item_id": f"msg_{rng.getrandbits(128):032x}",
-                  "output_index": rng.randint(0, 300), "content_index": rng.randint(0, 3), "delta": _random_text(rng)}
-        made = TextDeltaEvent(kind, **fields)
-        assert made.model_dump_json() == wire(**fields).model_dump_json()
-        assert json.loads(made.model_dump_json()) == {"type": kind, **fields}
-
-
-def test_a_text_delta_with_a_lone_surrogate_fails_as_its_wire_model_does() -> None:
-    fields = {"sequence_number": 1, "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "cut \ud83d"}
-    with pytest.raises(PydanticSerializationError):
-        OutputTextDelta(**fields).model_dump_json()
-    with pytest.raises(PydanticSerializationError):
-        TextDeltaEvent("response.output_text.delta", **fields).model_dump_json()
-
-
-def test_deltas_without_logprobs_are_made_without_their_wire_model() -> None:
+def test_a_text_delta_with_a_lone_surrogate_cannot_be_serialized() -> None:
     builder = _builder()
-    events = builder.start() + builder.feed(ReasoningDelta("hmm")) + builder.feed(TextDelta("a"))
-    deltas = [event for event in events if event.type.endswith(".delta")]
-    assert [type(event) for event in deltas] == [TextDeltaEvent, TextDeltaEvent]
-    assert [event.type for event in deltas] == ["response.reasoning.delta", "response.output_text.delta"]
-    with_logprobs = ResponseBuilder(
-        initial_response(CreateResponseBody.model_validate({"model": "m", "input": "hi"}), response_id="resp_t",
-                         model="m", status="in_progress"), logprobs=True)
-    events = with_logprobs.start() + with_logprobs.feed(TextDelta("a", (TokenLogprob("a", -0.5, ()),)))
-    assert events[-1].kind is OutputTextDelta and events[-1].logprobs  # a WireEvent: its fields and JSON
+    events = builder.start() + builder.feed(TextDelta("cut \ud83d"))
+    with pytest.raises(PydanticSerializationError):
+        serialize_event(events[-1])
 
 
-# ---------------------------------------------------------------- events without their wire models
+# ---------------------------------------------------------------- events and their JSON
 
 
 _TOOLS = [
@@ -395,32 +366,33 @@ def _scenario(rng: random.Random) -> list[object]:
     return events
 
 
-def test_every_event_is_written_as_its_wire_model_writes_it() -> None:
-    """Events are made as ``WireEvent``\\ s, their JSON written from their fields: over
-    random lives of a builder (text with and without logprobs, reasoning, function,
-    custom and namespace calls, every ending), each event's JSON is its validated wire
-    model's, and every kind of event the builder makes is seen."""
+def test_every_event_is_serialized_as_its_wire_model_writes_it() -> None:
+    """Over random lives of a builder (text with and without logprobs, reasoning,
+    function, custom and namespace calls, every ending), each event is its validated
+    wire model, :func:`serialize_event` writes what that model writes, and the JSON reads
+    back to the same event; every kind of event the builder makes is seen."""
     rng = random.Random(5)
     seen = set()
     for _ in range(400):
         events = _scenario(rng)
         for event in events:
-            if isinstance(event, WireEvent):
-                seen.add(event.kind)
-                assert event.model_dump_json() == event.wire().model_dump_json(), event.kind
-        wire = [json.loads(event.model_dump_json()) for event in events]  # type: ignore[attr-defined]
+            assert isinstance(event, StreamEvent)
+            seen.add(type(event))
+            data = serialize_event(event)
+            assert data == event.model_dump_json(), type(event)
+            assert serialize_event(type(event).model_validate_json(data)) == data
+        wire = [json.loads(serialize_event(event)) for event in events]  # type: ignore[arg-type]
         if "custom_tool_call" not in json.dumps(wire):  # OpenAI's item, outside the spec's variants
             check_stream([*wire, "[DONE]"])
     assert {kind.__name__ for kind in seen} >= {
         "ResponseCreated", "ResponseQueued", "ResponseInProgress", "ResponseCompleted", "ResponseIncomplete",
         "ResponseFailed", "OutputItemAdded", "OutputItemDone", "ContentPartAdded", "ContentPartDone",
-        "OutputTextDelta", "OutputTextDone", "ReasoningDone", "FunctionCallArgumentsDelta",
+        "OutputTextDelta", "OutputTextDone", "ReasoningDone", "ReasoningDelta", "FunctionCallArgumentsDelta",
         "FunctionCallArgumentsDone", "ErrorEvent"}
 
 
-def test_an_event_reads_its_fields_and_lacks_none_it_was_not_given() -> None:
+def test_a_response_event_carries_the_builders_snapshot() -> None:
     builder = _builder()
-    created = builder.start()[0]
-    assert isinstance(created, WireEvent) and created.response is builder.response
-    with pytest.raises(AttributeError):
-        created.item  # noqa: B018
+    created, in_progress = builder.start()
+    assert isinstance(created, ResponseCreated) and created.response is builder.response
+    assert isinstance(in_progress, ResponseInProgress) and in_progress.response is builder.response

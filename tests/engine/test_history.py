@@ -16,6 +16,7 @@ from app.engine.models import ModelRouter
 from app.errors import PreviousResponseNotFound
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
+from tests.engine.conftest import run_of
 
 pytestmark = pytest.mark.anyio
 
@@ -26,9 +27,9 @@ async def _chain_of_three(store: SqlResponseStore, engine: Engine) -> list[str]:
         body: dict[str, Any] = {"model": "m", "input": word}
         if ids:
             body["previous_response_id"] = ids[-1]
-        turn = await engine.prepare(body, tenant="t", history=StoredHistory(store, "t", engine.history_cache))
-        await turn.run()
-        ids.append(turn.id)
+        run = await run_of(engine, body, history=StoredHistory(store, "t", engine.history_cache))
+        await run.final()
+        ids.append(run.id)
     return ids
 
 
@@ -36,9 +37,10 @@ async def test_a_cached_history_equals_the_stored_one(tmp_path: Path) -> None:
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
-        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store)
-        engine.history_cache = HistoryCache(16)
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store,
+                        history_cache=HistoryCache(16))
         ids = await _chain_of_three(store, engine)
+        assert engine.history_cache is not None
         cached = await StoredHistory(store, "t", engine.history_cache).load(ids[-1])
         assert engine.history_cache.get("t", ids[-1]) is cached
         fresh = await StoredHistory(store, "t").load(ids[-1])
@@ -54,8 +56,8 @@ async def test_a_deleted_response_is_gone_even_when_cached(tmp_path: Path) -> No
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
-        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store)
-        engine.history_cache = HistoryCache(16)
+        engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("ok")})], "m"), store=store,
+                        history_cache=HistoryCache(16))
         ids = await _chain_of_three(store, engine)
         assert engine.history_cache.get("t", ids[-1]) is not None
         assert await store.delete("t", ids[-1])

@@ -1,7 +1,7 @@
-"""What a stored turn writes (``app.engine.recording``), against the real SQL store on
+"""What a stored run writes (``app.engine.recording``), against the real SQL store on
 SQLite: a start then an end, a start deferred to the end (one write), a step between
-starts, and an end handed over to be written later. (The turns that decide when each is
-written are tested in the other ``test_turn_*`` modules.)"""
+starts, and an end handed over to be written later. (When each is written, by delivery:
+``test_run_recording``.)"""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ import pytest
 from app.backends.base import Finish, TextDelta, Usage
 from app.backends.scripted import Script, ScriptedBackend, text_script
 from app.engine.builder import ResponseBuilder
+from app.engine.delivery import Delivery
 from app.engine.echo import initial_response
 from app.engine.engine import Engine
-from app.engine.history import NoHistory
 from app.engine.models import ModelRouter
 from app.engine.recording import Recording
+from app.protocol.events import serialize_event
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.store.sql import SqlResponseStore
-from tests.engine.conftest import counted_writes
+from tests.engine.conftest import counted_writes, run_of
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +40,7 @@ def _builder(response_id: str, status: str = "in_progress") -> ResponseBuilder:
 
 def _finish(builder: ResponseBuilder) -> list[str]:
     events = builder.start() + builder.feed(TextDelta("Hello")) + builder.feed(Finish("stop", Usage(3, 1)))
-    return [event.model_dump_json() for event in events]
+    return [serialize_event(event) for event in events]
 
 
 def _recording(store: SqlResponseStore, response_id: str, remembered: list[list[Any]] | None = None) -> Recording:
@@ -53,21 +54,17 @@ def _recording(store: SqlResponseStore, response_id: str, remembered: list[list[
                      on_recorded=None if remembered is None else remembered.append)
 
 
-def _json(builder: ResponseBuilder) -> str:
-    return builder.response.model_dump_json()
-
-
 async def test_a_start_then_an_end(store: SqlResponseStore) -> None:
     builder = _builder("resp_a")
     remembered: list[list[Any]] = []
     recording = _recording(store, "resp_a", remembered)
-    await recording.begin(builder.response, _json(builder))
+    await recording.begin(builder.response)
     started = await store.get("t", "resp_a")
     assert started is not None and started.status == "in_progress" and started.tools == TOOLS
     assert recording.answer is None and not recording.end_written
 
     events = _finish(builder)
-    await recording.end(builder.response, _json(builder), events)
+    await recording.end(builder.response, events)
     assert recording.end_written
     assert recording.answer is not None
     assert ResponseResource.model_validate_json(recording.answer) == builder.response
@@ -86,10 +83,10 @@ async def test_a_deferred_start_is_written_with_the_end_in_one_write(
     writes = counted_writes(store, monkeypatch)
     builder = _builder("resp_b")
     recording = _recording(store, "resp_b")
-    await recording.begin(builder.response, None)  # deferred
+    await recording.begin(builder.response, whole=True)  # deferred
     assert await store.get("t", "resp_b") is None  # nothing written yet
     _finish(builder)
-    await recording.end(builder.response, _json(builder), None)  # a JSON answer keeps no events
+    await recording.end(builder.response, None)  # a JSON answer keeps no events
     assert writes == ["record"]
     stored = await store.get("t", "resp_b")
     assert stored is not None and stored.status == "completed"
@@ -101,10 +98,10 @@ async def test_a_deferred_start_is_written_with_the_end_in_one_write(
 async def test_a_step_between_starts_is_recorded(store: SqlResponseStore) -> None:
     builder = _builder("resp_c", status="queued")
     recording = _recording(store, "resp_c")
-    await recording.begin(builder.response, _json(builder))
+    await recording.begin(builder.response)
     builder.start()
     builder.begin()
-    await recording.status(builder.response, _json(builder))
+    await recording.status(builder.response)
     stored = await store.get("t", "resp_c")
     assert stored is not None and stored.status == "in_progress" and stored.resource["status"] == "in_progress"
 
@@ -115,9 +112,9 @@ async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
     monkeypatch.setattr("app.store.late_ends.RETRY_SECONDS", 0.05)
     builder = _builder("resp_d")
     recording = _recording(store, "resp_d")
-    await recording.begin(builder.response, _json(builder))
+    await recording.begin(builder.response)
     _finish(builder)
-    await recording.end_later(builder.response, _json(builder), None)
+    await recording.end_later(builder.response, None)
     for _ in range(100):  # the store's own retry writes it
         stored = await store.get("t", "resp_d")
         assert stored is not None
@@ -128,37 +125,38 @@ async def test_an_end_handed_over_is_written_later_and_a_whole_one_has_none(
 
     whole = _builder("resp_e")
     deferred = _recording(store, "resp_e")
-    await deferred.begin(whole.response, None)
+    await deferred.begin(whole.response, whole=True)
     _finish(whole)
     caplog.set_level(logging.INFO, logger="ors.store")
-    await deferred.end_later(whole.response, _json(whole), None)  # no row to end: nothing is handed over
+    await deferred.end_later(whole.response, None)  # no row to end: nothing is handed over
     await asyncio.sleep(0.2)
     assert await store.get("t", "resp_e") is None
     assert "resp_e" not in caplog.text  # the store was given no late end to try
 
 
-@pytest.mark.parametrize("stored", [True, False])
-@pytest.mark.parametrize("stream", [True, False])
-async def test_a_finished_turn_is_freed_as_soon_as_it_is_let_go(
-    store: SqlResponseStore, stored: bool, stream: bool
+@pytest.mark.parametrize(("delivery", "stored"), [
+    (delivery, stored) for delivery in Delivery for stored in (True, False)
+    if stored or delivery is not Delivery.BACKGROUND  # a background response is always stored
+])
+async def test_a_finished_run_is_freed_as_soon_as_it_is_let_go(
+    store: SqlResponseStore, stored: bool, delivery: Delivery
 ) -> None:
-    """No reference cycle through a turn (its recording included): a finished turn is
-    freed by reference counting, not left to the cyclic collector, which ``ors serve``
-    runs rarely. (A recording that held the turn's own serializer kept every stored turn
-    alive until a collection.)"""
+    """No reference cycle through a run (its recording, event log and feed included): a
+    finished run is freed by reference counting, not left to the cyclic collector, which
+    ``ors serve`` runs rarely."""
     engine = Engine(ModelRouter([ScriptedBackend({"m": Script(text_script("Hello"))})], "m"), store=store)
-    turn = await engine.prepare({"model": "m", "input": "Hi", "stream": stream, "store": stored}, tenant="t",
-                                history=NoHistory(), whole_unless_streamed=True)
-    if not stream:  # as the HTTP transport drives a JSON answer
-        turn.defer_recording()
-        turn.unread()
-    await turn.open()
-    [batch async for batch in turn.batches()]
-    assert ((await store.get("t", turn.id)) is not None) == stored
-    gone = weakref.ref(turn)
+    body = {"model": "m", "input": "Hi", "store": stored, "background": delivery is Delivery.BACKGROUND}
+    run = await run_of(engine, body, delivery)
+    if delivery is Delivery.BACKGROUND:
+        await run.wait_ended()
+        await asyncio.sleep(0)  # the driving task's own end
+    else:
+        [batch async for batch in run.batches()]
+    assert ((await store.get("t", run.id)) is not None) == stored
+    gone = weakref.ref(run)
     gc.disable()
     try:
-        del turn
+        del run
         assert gone() is None
     finally:
         gc.enable()

@@ -51,3 +51,34 @@ async def test_a_failing_callback_does_not_keep_the_others_from_being_called() -
     drain.begin()
     await drain.wait()
     assert calls == ["ok"]
+
+
+async def test_the_drain_is_over_once_every_hold_is_released() -> None:
+    """What lets uvicorn shut connections down: only once each connection holding the
+    drain has closed itself."""
+    drain = Drain()
+    drain.bind()
+    over = asyncio.Event()
+    first, second = drain.hold(), drain.hold()
+    drain.begin(then=over.set)
+    await drain.wait()
+    first()
+    first()  # a release counts once
+    await asyncio.sleep(0)
+    assert not over.is_set()
+    second()
+    await asyncio.wait_for(over.wait(), 10)
+
+
+async def test_a_drain_without_holds_is_over_as_it_begins() -> None:
+    drain = Drain()
+    drain.bind()
+    over = asyncio.Event()
+    drain.begin(then=over.set)
+    await asyncio.wait_for(over.wait(), 10)
+
+
+def test_a_drain_of_a_server_that_does_not_run_is_over_at_once() -> None:
+    calls: list[str] = []
+    Drain().begin(then=lambda: calls.append("over"))
+    assert calls == ["over"]

@@ -1,4 +1,4 @@
-"""The control path of a turn: cancel, interrupt and the end of a background run.
+"""The control path of a run: cancel, interrupt and the end of a background run.
 
 Control never goes through the delta queue: it works with the queue full and a reader
 that has stopped reading, it takes effect before anything still queued, and generation
@@ -8,6 +8,7 @@ Every stream is checked by the stream checker."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,11 +19,12 @@ import pytest
 
 from app.backends.base import Delta, GenerationRequest
 from app.backends.scripted import Script, ScriptedBackend, text_script
+from app.engine.delivery import Delivery
 from app.engine.engine import Engine
+from app.engine.event_log import Emitted
 from app.engine.history import History, HistorySource, NoHistory
 from app.engine.models import ModelRouter
-from app.engine.runs import LiveTurns
-from app.engine.turn import Emitted, Turn, TurnPhase
+from app.engine.run import Run, RunPhase
 from app.errors import PreviousResponseNotFound, ServerError, StoreUnavailable
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
@@ -50,11 +52,16 @@ def _backend() -> ScriptedBackend:
     )
 
 
-async def _turn(backend: ScriptedBackend, model: str = "fast", store: SqlResponseStore | None = None,
-                history: HistorySource | None = None, **body: Any) -> Turn:
-    engine = Engine(ModelRouter([backend], model), store=store)
-    return await engine.prepare({"model": model, "input": "x", **body}, tenant="t",
-                                history=history or NoHistory())
+def _engine(backend: ScriptedBackend, model: str, store: SqlResponseStore | None = None) -> Engine:
+    return Engine(ModelRouter([backend], model), store=store)
+
+
+async def _run(backend: ScriptedBackend, model: str = "fast", store: SqlResponseStore | None = None,
+               history: HistorySource | None = None, delivery: Delivery = Delivery.SSE, **body: Any) -> Run:
+    engine = _engine(backend, model, store)
+    prepared = await engine.prepare({"model": model, "input": "x", **body}, tenant="t",
+                                    history=history or NoHistory())
+    return await engine.run(prepared, delivery)
 
 
 def _decoded(emitted: list[Emitted]) -> list[dict[str, Any]]:
@@ -70,33 +77,56 @@ async def _read_until_first_delta(events: AsyncIterator[Emitted]) -> list[Emitte
     raise AssertionError("the stream ended before any delta")
 
 
-async def _until_queue_full(turn: Turn) -> None:
+async def _events(run: Run) -> AsyncIterator[Emitted]:
+    async with contextlib.aclosing(run.batches()) as batches:
+        async for batch in batches:
+            for emitted in batch:
+                yield emitted
+
+
+async def _until_queue_full(run: Run) -> None:
     """The pump fills the queue while nobody reads (a bounded number of loop steps)."""
-    while turn._queue is None or not turn._queue.full():
+    while not run._feed._queue.full():
         await asyncio.sleep(0)
 
 
-async def _stopped_reader(turn: Turn, signal: Any) -> tuple[list[Emitted], list[Emitted]]:
+class _Recorded:
+    """Every event a run makes, as it makes it (the run's own log keeps a stored run's only)."""
+
+    def __init__(self, run: Run) -> None:
+        self.events: list[Emitted] = []
+        emit = run._emit
+
+        def recording(events: list[Any]) -> list[Emitted]:
+            made = emit(events)
+            self.events += made
+            return made
+
+        run._emit = recording  # type: ignore[method-assign]
+
+
+async def _stopped_reader(run: Run, signal: Any) -> tuple[list[Emitted], list[Emitted]]:
     """Read up to the first delta, stop reading until the queue is full, send the signal,
     check generation stopped while nobody read, then read the rest. ``before`` is every
     event made before the signal (the reader's batch may hold more than it read), ``after``
     every event made after it."""
-    events = turn.events()
+    recorded = _Recorded(run)
+    events = _events(run)
     await _read_until_first_delta(events)
-    await _until_queue_full(turn)
-    made = len(turn.emitted)
+    await _until_queue_full(run)
+    made = len(recorded.events)
     signal()  # must neither raise QueueFull nor block
-    pump = turn._pump_task
+    pump = run._feed._pump
     assert pump is not None
     await asyncio.wait({pump})  # generation stopped though the reader has not read again
     [emitted async for emitted in events]
-    return turn.emitted[:made], turn.emitted[made:]
+    return recorded.events[:made], recorded.events[made:]
 
 
 async def test_cancel_with_a_full_queue_and_a_stopped_reader() -> None:
     backend = _backend()
-    turn = await _turn(backend)
-    before, after = await _stopped_reader(turn, turn.cancel)
+    run = await _run(backend)
+    before, after = await _stopped_reader(run, run.cancel)
     assert len(backend.cancelled) == 1, "the backend stream was not closed"
     types = [emitted.type for emitted in after]
     assert "response.output_text.delta" not in types, "queued deltas were delivered after the cancel"
@@ -106,14 +136,14 @@ async def test_cancel_with_a_full_queue_and_a_stopped_reader() -> None:
     made = "".join(json.loads(emitted.data)["delta"] for emitted in before
                    if emitted.type == "response.output_text.delta")
     assert made and final["output"][0]["content"][0]["text"] == made
-    assert turn.ended
+    assert run.ended
 
 
 async def test_interrupt_with_a_full_queue_and_a_stopped_reader() -> None:
     backend = _backend()
-    turn = await _turn(backend)
+    run = await _run(backend)
     error = ServerError("The server is shutting down.", code="server_shutting_down")
-    before, after = await _stopped_reader(turn, lambda: turn.interrupt(error))
+    before, after = await _stopped_reader(run, lambda: run.interrupt(error))
     assert len(backend.cancelled) == 1
     assert [emitted.type for emitted in after] == ["error", "response.failed"]
     final = check_stream(_decoded(before + after), expect_done=False)
@@ -122,41 +152,46 @@ async def test_interrupt_with_a_full_queue_and_a_stopped_reader() -> None:
 
 async def test_the_first_signal_wins_and_later_ones_are_harmless() -> None:
     backend = _backend()
-    turn = await _turn(backend)
+    run = await _run(backend)
 
     def both() -> None:
-        turn.interrupt(ServerError("Connection cap.", code="websocket_connection_limit_reached"))
-        turn.cancel()
-        turn.interrupt(ServerError("Shutdown.", code="server_shutting_down"))
+        run.interrupt(ServerError("Connection cap.", code="websocket_connection_limit_reached"))
+        run.cancel()
+        run.interrupt(ServerError("Shutdown.", code="server_shutting_down"))
 
-    before, after = await _stopped_reader(turn, both)
+    before, after = await _stopped_reader(run, both)
     final = check_stream(_decoded(before + after), expect_done=False)
     assert final["error"]["code"] == "websocket_connection_limit_reached"
-    turn.cancel()  # after the end: nothing happens
-    assert turn.response.status == "failed"
+    run.cancel()  # after the end: nothing happens
+    assert run.response.status == "failed"
 
 
 async def test_cancel_wakes_a_reader_waiting_on_an_empty_queue() -> None:
+    """Once the pump is cancelled nothing more is ever queued: a reader blocked on the
+    empty queue would wait for ever if the signal did not wake it."""
     backend = _backend()
-    turn = await _turn(backend, model="slow")
-    events = turn.events()
-    before = await _read_until_first_delta(events)
-    reader = asyncio.ensure_future(events.__anext__())
-    while turn._queue is None or turn._queue._getter is None:  # the reader waits in queue.get()
-        await asyncio.sleep(0)
-    turn.cancel()
-    rest = [await reader] + [emitted async for emitted in events]
+    run = await _run(backend, model="slow")
+    batches = run.batches()
+    seen: list[Emitted] = []
+    while not any(emitted.type == "response.output_text.delta" for emitted in seen):
+        seen += await batches.__anext__()
+    reader = asyncio.ensure_future(batches.__anext__())
+    await asyncio.sleep(0)  # the reader's one step: it blocks on the empty queue (the next tick is 50 ms away)
+    assert not reader.done() and run._feed.idle()
+    run.cancel()
+    with anyio.fail_after(10):  # a bound, not a measurement
+        rest = await reader
+        rest += [emitted async for batch in batches for emitted in batch]
     assert len(backend.cancelled) == 1
-    final = check_stream(_decoded(before + rest), expect_done=False)
+    final = check_stream(_decoded(seen + rest), expect_done=False)
     assert final["status"] == "cancelled"
 
 
-async def test_a_turn_cancelled_before_it_runs_never_calls_the_backend() -> None:
+async def test_a_run_cancelled_before_it_is_read_never_calls_the_backend() -> None:
     backend = _backend()
-    turn = await _turn(backend)
-    turn.cancel()
-    final = check_stream(_decoded([emitted async for emitted in turn.events()]), expect_done=False)
-    assert final["status"] == "cancelled"
+    run = await _run(backend, delivery=Delivery.JSON)  # a JSON run starts when it is read
+    run.cancel()
+    assert (await run.final()).status == "cancelled"
     assert backend.requests == []
 
 
@@ -169,32 +204,38 @@ async def test_a_background_run_that_cannot_start_ends(tmp_path: Path) -> None:
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, "slow", store=store, history=_Fixed(), previous_response_id="resp_gone",
-                           background=True)
-        live = LiveTurns()
-        live.start_background(turn)
+        engine = _engine(backend, "slow", store)
+        prepared = await engine.prepare({"model": "slow", "input": "x", "previous_response_id": "resp_gone",
+                                         "background": True}, tenant="t", history=_Fixed())
+        ended: list[bool] = []
+
+        async def on_end() -> None:
+            ended.append(True)
+
         with pytest.raises(PreviousResponseNotFound):
-            await turn.wait_started()
-        await turn.wait_ended()
-        assert [emitted async for emitted in turn.follow()] == []
-        assert live.get("t", turn.id) is None
+            await engine.run(prepared, Delivery.BACKGROUND, on_end=on_end)
+        assert ended == [True]
+        assert engine.live.get("t", prepared.initial.id) is None
         assert backend.cancelled == backend.requests  # started at most once, and stopped
-        assert await store.get("t", turn.id) is None
+        assert await store.get("t", prepared.initial.id) is None
     finally:
         await store.close()
 
 
 async def test_a_background_task_cancelled_before_it_ran_ends() -> None:
     backend = _backend()
-    turn = await _turn(backend, background=True, store=None)
-    live = LiveTurns()
-    live.start_background(turn)
-    for task in list(live._background):
+    engine = _engine(backend, "fast")
+    prepared = await engine.prepare({"model": "fast", "input": "x", "background": True}, tenant="t",
+                                    history=NoHistory())
+    run = Run(prepared, Delivery.BACKGROUND, metrics=engine.metrics, live=engine.live)
+    engine.live.start_background(run)
+    for task in list(engine.live._background):
         task.cancel()
     with pytest.raises(ServerError):
-        await turn.wait_started()
-    await turn.wait_ended()
-    assert turn.phase is TurnPhase.ENDED
+        await run.wait_started()
+    await run.wait_ended()
+    assert run.phase is RunPhase.ENDED
+    assert [emitted async for emitted in run.follow()] == []
 
 
 async def test_background_cancel_ends_and_is_recorded(tmp_path: Path) -> None:
@@ -202,60 +243,59 @@ async def test_background_cancel_ends_and_is_recorded(tmp_path: Path) -> None:
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, model="slow", store=store, background=True)
-        live = LiveTurns()
-        live.start_background(turn)
-        await turn.wait_started()
-        follower = turn.follow()
+        engine = _engine(backend, "slow", store)
+        run = await engine.run(await engine.prepare({"model": "slow", "input": "x", "background": True},
+                                                    tenant="t", history=NoHistory()), Delivery.BACKGROUND)
+        follower = run.follow()
         seen = [await follower.__anext__()]
         while seen[-1].type != "response.output_text.delta":
             seen.append(await follower.__anext__())
-        assert live.cancel("t", turn.id)
-        await turn.wait_ended()
-        stored = await store.get("t", turn.id)
+        assert engine.live.cancel("t", run.id)
+        await run.wait_ended()
+        stored = await store.get("t", run.id)
         assert stored is not None and stored.status == "cancelled"
         seen += [emitted async for emitted in follower]
         assert check_stream(_decoded(seen), expect_done=False)["status"] == "cancelled"
-        assert not live.cancel("t", turn.id)  # ended: nothing to cancel here any more
+        assert not engine.live.cancel("t", run.id)  # ended: nothing to cancel here any more
     finally:
         await store.close()
 
 
 async def test_a_stream_whose_start_fails_fails_before_its_first_event(tmp_path: Path) -> None:
-    # What the SSE transport does: open() before committing to a stream, so the failure
-    # is a plain error (the chain vanished between prepare and begin).
+    # The engine starts a stream's run before the transport commits to it, so the
+    # failure is a plain error (the chain vanished between prepare and the start).
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, "slow", store=store, history=_Fixed(), previous_response_id="resp_gone",
-                           stream=True)
+        engine = _engine(backend, "slow", store)
+        prepared = await engine.prepare({"model": "slow", "input": "x", "previous_response_id": "resp_gone",
+                                         "stream": True}, tenant="t", history=_Fixed())
         with pytest.raises(PreviousResponseNotFound):
-            await turn.open()
+            await engine.run(prepared, Delivery.SSE)
         # the model started while the start was recorded is stopped before the error
-        assert turn.emitted == [] and backend.cancelled == backend.requests
-        assert await store.get("t", turn.id) is None
+        assert backend.cancelled == backend.requests
+        assert await store.get("t", prepared.initial.id) is None
     finally:
         await store.close()
 
 
-async def test_an_opened_turn_never_driven_is_discarded_as_its_client_leaving(tmp_path: Path) -> None:
+async def test_a_started_run_never_read_is_closed_as_its_client_leaving(tmp_path: Path) -> None:
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
     try:
         backend = _backend()
-        turn = await _turn(backend, "slow", store=store, stream=True)
-        await turn.open()
-        stored = await store.get("t", turn.id)
+        run = await _run(backend, "slow", store=store, stream=True)
+        stored = await store.get("t", run.id)
         assert stored is not None and stored.status == "in_progress"
-        await turn.discard()
-        await turn.discard()  # idempotent
+        await run.aclose()
+        await run.aclose()  # idempotent
         assert backend.cancelled == backend.requests  # the model it started is stopped
-        stored = await store.get("t", turn.id)
+        stored = await store.get("t", run.id)
         assert stored is not None and stored.status == "incomplete"
         assert stored.resource["incomplete_details"] == {"reason": "client_disconnected"}
-        assert turn.phase is TurnPhase.ENDED
-        check_stream(_decoded(turn.emitted), expect_done=False)
+        assert run.phase is RunPhase.ENDED
+        check_stream(_decoded(run.log.events), expect_done=False)
     finally:
         await store.close()
 
@@ -264,8 +304,8 @@ async def test_deltas_already_queued_leave_as_one_batch() -> None:
     """A burst (the scripted backend yields its deltas without waiting) becomes a few
     batches, not one per delta; every batch is non-empty, the start comes first, and the
     events flattened are one valid stream."""
-    turn = await _turn(_backend())
-    batches = [batch async for batch in turn.batches()]
+    run = await _run(_backend())
+    batches = [batch async for batch in run.batches()]
     assert all(batches)
     assert [emitted.type for emitted in batches[0]][:2] == ["response.created", "response.in_progress"]
     deltas = sum(emitted.type == "response.output_text.delta" for batch in batches for emitted in batch)
@@ -287,20 +327,25 @@ async def _batches(model: Script | list[Delta], tmp_path: Path, stored: bool) ->
     if store is not None:
         await store.open()
     try:
-        turn = await _turn(backend, "m", store=store)
-        return [[emitted.type for emitted in batch] async for batch in turn.batches()]
+        run = await _run(backend, "m", store=store)
+        return [[emitted.type for emitted in batch] async for batch in run.batches()]
     finally:
         if store is not None:
             await store.close()
 
 
-@pytest.mark.parametrize("stored", [False, True])
-async def test_the_start_leaves_first_with_what_the_model_already_made(tmp_path: Path, stored: bool) -> None:
-    """The model's request leaves before the start is made (a stored stream's while the
-    start is recorded): what it made by then joins the start's batch, one send."""
-    batches = await _batches(text_script("a ", "b "), tmp_path, stored)
+async def test_what_the_model_made_while_the_start_was_recorded_joins_the_start(tmp_path: Path) -> None:
+    """The model starts before the start is recorded: what it made meanwhile leaves
+    with the start, in one send."""
+    batches = await _batches(text_script("a ", "b "), tmp_path, stored=True)
     assert batches[0][:2] == ["response.created", "response.in_progress"]
     assert "response.output_text.delta" in batches[0]
+
+
+async def test_an_unstored_start_leaves_at_once(tmp_path: Path) -> None:
+    """Nothing to record: the start is handed out before the model's first step."""
+    batches = await _batches(text_script("a ", "b "), tmp_path, stored=False)
+    assert batches[0] == ["response.created", "response.in_progress"]
 
 
 @pytest.mark.parametrize("stored", [False, True])
@@ -321,8 +366,8 @@ async def test_the_deltas_that_come_with_the_end_wait_for_it_only_when_nothing_i
 async def test_a_slow_backend_is_never_waited_for() -> None:
     """Deltas that come one at a time leave one at a time: nothing is held back."""
     backend = ScriptedBackend({"slow": Script(text_script("a ", "b ", "c "), delay=0.05)})
-    turn = await _turn(backend, model="slow")
-    batches = [[emitted.type for emitted in batch] async for batch in turn.batches()]
+    run = await _run(backend, model="slow")
+    batches = [[emitted.type for emitted in batch] async for batch in run.batches()]
     with_deltas = [batch for batch in batches if "response.output_text.delta" in batch]
     assert [batch.count("response.output_text.delta") for batch in with_deltas] == [1, 1, 1]
 
@@ -341,23 +386,21 @@ async def test_a_follower_gets_the_terminal_event_once_the_end_is_recorded(
             return await finish(*args, **kwargs)
 
         monkeypatch.setattr(store, "finish", held_finish)
-        turn = await _turn(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store, background=True)
-        live = LiveTurns()
-        live.start_background(turn)
-        await turn.wait_started()
+        run = await _run(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store,
+                         delivery=Delivery.BACKGROUND, background=True)
         seen: list[Emitted] = []
 
         async def follow() -> None:
-            async for emitted in turn.follow():
+            async for emitted in run.follow():
                 seen.append(emitted)
 
         follower = asyncio.create_task(follow())
-        while not turn.finished:  # the terminal event is made; its write waits
+        while not run.finished:  # the terminal event is made; its write waits
             await asyncio.sleep(0.01)
         for _ in range(20):
             await asyncio.sleep(0)
         assert seen and all(emitted.type != "response.completed" for emitted in seen)
-        assert turn.emitted[-1].type == "response.completed"
+        assert run.log.events[-1].type == "response.completed"
         release.set()
         await follower
         assert check_stream(_decoded(seen), expect_done=False)["status"] == "completed"
@@ -365,9 +408,9 @@ async def test_a_follower_gets_the_terminal_event_once_the_end_is_recorded(
         await store.close()
 
 
-@pytest.mark.parametrize("background", [False, True], ids=["stream", "background"])
+@pytest.mark.parametrize("delivery", [Delivery.SSE, Delivery.BACKGROUND], ids=["stream", "background"])
 async def test_an_end_that_cannot_be_recorded_fails_the_response_and_is_written_later(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, background: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, delivery: Delivery
 ) -> None:
     store = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "i")
     await store.open()
@@ -376,31 +419,26 @@ async def test_an_end_that_cannot_be_recorded_fails_the_response_and_is_written_
             raise StoreUnavailable("The response store cannot be reached at the moment; retry shortly.")
 
         monkeypatch.setattr(store, "finish", unreachable)
-        # a model slower than the wait for an answer at once, so the start is recorded
-        # first and the end alone cannot be
-        model = Script(text_script("a", "b"), delay=0.02)
-        turn = await _turn(ScriptedBackend({"short": model}), "short", store=store,
-                           background=background, stream=not background)
+        background = delivery is Delivery.BACKGROUND
+        run = await _run(ScriptedBackend({"short": text_script("a", "b")}), "short", store=store,
+                         delivery=delivery, background=background)
         if background:
-            live = LiveTurns()
-            live.start_background(turn)
-            await turn.wait_started()
-            events = [emitted async for emitted in turn.follow()]
+            events = [emitted async for emitted in run.follow()]
         else:
-            events = [emitted async for batch in turn.batches() for emitted in batch]
+            events = [emitted async for batch in run.batches() for emitted in batch]
         decoded = _decoded(events)
         assert check_stream(decoded, expect_done=False)["status"] == "failed"
         assert [event["type"] for event in decoded][-2:] == ["error", "response.failed"]
         assert decoded[-1]["response"]["error"]["code"] == "store_unavailable"
         assert decoded[-1]["response"]["completed_at"] is None
         assert [part["text"] for part in decoded[-1]["response"]["output"][0]["content"]] == ["ab"]
-        assert isinstance(turn.error, StoreUnavailable) and turn.emitted == events
+        assert isinstance(run.error, StoreUnavailable) and run.log.events == events
         # the store, reachable again (the write path itself never failed here), is
         # given the end the client was told
         with anyio.fail_after(30):  # a bound, not a measurement
-            while (stored := await store.get("t", turn.id)) is None or stored.status != "failed":
+            while (stored := await store.get("t", run.id)) is None or stored.status != "failed":
                 await asyncio.sleep(0.05)
         assert stored.resource["error"]["code"] == "store_unavailable"
-        assert await store.events("t", turn.id) == [emitted.data for emitted in events]
+        assert await store.events("t", run.id) == [emitted.data for emitted in events]
     finally:
         await store.close()

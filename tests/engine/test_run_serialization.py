@@ -1,4 +1,4 @@
-"""What a turn serializes: each snapshot of the response once, however many events and
+"""What a run serializes: each snapshot of the response once, however many events and
 records carry it, and every event's JSON exactly as its model would write it."""
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from app.backends.scripted import ScriptedBackend, text_script
+from app.engine.delivery import Delivery
 from app.engine.engine import Engine
-from app.engine.history import NoHistory
 from app.engine.models import ModelRouter
 from app.protocol.events import RESPONSE_EVENTS, StreamEvent
 from app.protocol.responses import ResponseResource
 from app.store.engines import sqlite_url
 from app.store.sql import SqlResponseStore
 from compliance import check_stream
+from tests.engine.conftest import run_of
 
 pytestmark = pytest.mark.anyio
 
@@ -55,9 +56,9 @@ async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str]
     try:
         engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hello", ", ", "world")})], "m"),
                         store=database)
-        turn = await engine.prepare({"model": "m", "input": "x", "tools": TOOLS, "instructions": "Be brief.",
-                                     "store": store}, tenant="t", history=NoHistory())
-        emitted = [event async for batch in turn.batches() for event in batch]
+        run = await run_of(engine, {"model": "m", "input": "x", "tools": TOOLS, "instructions": "Be brief.",
+                                    "store": store}, Delivery.SSE)
+        emitted = [event async for batch in run.batches() for event in batch]
     finally:
         if database is not None:
             await database.close()
@@ -67,9 +68,9 @@ async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str]
     # the start's snapshot once (its record when stored, created and in_progress), the
     # end's once (the terminal event, and the record and answer when stored)
     assert len(dumps) == 2
-    assert (turn.answer is not None) == store
-    if turn.answer is not None:
-        assert turn.answer == dumps[1]
+    assert (run.answer is not None) == store
+    if run.answer is not None:
+        assert run.answer == dumps[1]
     for event in emitted:  # byte for byte what the event's model writes
         data = json.loads(event.data)
         model: type[StreamEvent] = EVENTS.get(event.type, StreamEvent)
@@ -79,17 +80,17 @@ async def test_each_snapshot_is_serialized_once(tmp_path: Path, dumps: list[str]
             assert rebuilt.model_dump_json() == event.data
 
 
-async def test_a_background_turn_serializes_each_of_its_three_snapshots_once(
+async def test_a_background_run_serializes_each_of_its_three_snapshots_once(
     tmp_path: Path, dumps: list[str]
 ) -> None:
     database = SqlResponseStore(sqlite_url(tmp_path / "ors.db"), "instance")
     await database.open()
     try:
         engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hello")})], "m"), store=database)
-        turn = await engine.prepare({"model": "m", "input": "x", "tools": TOOLS, "background": True},
-                                    tenant="t", history=NoHistory())
-        emitted = [event async for batch in turn.batches() for event in batch]
-        stored = await database.get("t", turn.id)
+        run = await run_of(engine, {"model": "m", "input": "x", "tools": TOOLS, "background": True})
+        await run.wait_ended()
+        emitted = [event async for event in run.follow()]
+        stored = await database.get("t", run.id)
     finally:
         await database.close()
     check_stream([json.loads(event.data) for event in emitted], expect_done=False)
@@ -120,14 +121,13 @@ async def test_input_items_take_their_stored_form_only_when_needed(tmp_path: Pat
     try:
         engine = Engine(ModelRouter([ScriptedBackend({"m": text_script("Hi")})], "m"), store=database)
         conversation = [{"role": "user", "content": f"message {i}"} for i in range(3)]
-        turn = await engine.prepare({"model": "m", "input": conversation, "store": store}, tenant="t",
-                                    history=NoHistory())
-        await turn.run()
+        run = await run_of(engine, {"model": "m", "input": conversation, "store": store})
+        await run.final()
         assert len(made) == (3 if store else 0)
-        items = turn.input_items
-        assert turn.input_items is items and len(made) == 3 and len(items) == 3
+        items = run.input_items
+        assert run.input_items is items and len(made) == 3 and len(items) == 3
         if database is not None:
-            page = await database.input_items("t", turn.id, limit=10, order="asc", after=None)
+            page = await database.input_items("t", run.id, limit=10, order="asc", after=None)
             assert page is not None and [item["id"] for item in page.data] == [item["id"] for item in items]
     finally:
         if database is not None:

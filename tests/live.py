@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -124,3 +124,14 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds, asked every 20 ms: a
+    bound on how long to wait for what another thread or process does, not a measurement."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False

@@ -9,8 +9,7 @@ client gone, a cancel) ends recorded."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from app.main import create_app
 from compliance import SSEParser, check_stream
 from tests.conftest import scripted_backend
 from tests.engine.conftest import counted_writes
-from tests.live import LiveServer
+from tests.live import LiveServer, wait_for
 
 TERMINAL = ("response.completed", "response.failed", "response.incomplete")
 
@@ -43,14 +42,6 @@ def writes(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return counted_writes(server.server.config.app.state.engine.store, monkeypatch)
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    """Whether ``condition()`` came true within ``timeout``: a bound, not a measurement."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _get(server: LiveServer, response_id: str, **params: Any) -> httpx.Response:
@@ -104,7 +95,7 @@ def test_a_stream_is_readable_while_it_streams_and_its_events_are_recorded_with_
     assert seen_while_streaming["status"] == "in_progress" and seen_while_streaming["output"] == []
     response_id = seen_while_streaming["id"]
     # the client left: the response ends incomplete, and that end is recorded
-    assert _wait_for(lambda: _get(server, response_id).json()["status"] != "in_progress")
+    assert wait_for(lambda: _get(server, response_id).json()["status"] != "in_progress")
     stored = _get(server, response_id).json()
     assert stored["status"] == "incomplete"
     assert stored["incomplete_details"] == {"reason": "client_disconnected"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -14,18 +13,7 @@ from app.config import Settings
 from app.main import create_app
 from compliance import SSEParser, StreamChecker
 from tests.conftest import scripted_backend
-from tests.live import LiveServer
-
-
-def _wait_for(condition, timeout: float = 60) -> bool:  # type: ignore[no-untyped-def]
-    """Whether ``condition()`` came true within ``timeout``: a bound, not a measurement
-    (``scripted-slow`` runs for 20 s and counts as cancelled only when it is cut short)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
+from tests.live import LiveServer, wait_for
 
 
 def test_client_disconnect_stops_generation(tmp_path: Path) -> None:
@@ -40,7 +28,7 @@ def test_client_disconnect_stops_generation(tmp_path: Path) -> None:
                     deltas += 1
                 if deltas == 3:
                     break
-        assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
+        assert wait_for(lambda: len(scripted.cancelled) == 1, timeout=60), "generation went on after the client left"
     finally:
         with_server.stop()
 
@@ -54,9 +42,9 @@ def test_non_streaming_disconnect_stops_generation(tmp_path: Path) -> None:
                 f"Content-Length: {len(body)}\r\n\r\n").encode()
         with socket.create_connection(("127.0.0.1", with_server.port), timeout=30) as client:
             client.sendall(head + body)
-            assert _wait_for(lambda: len(scripted.requests) == 1), "the model was never asked"
+            assert wait_for(lambda: len(scripted.requests) == 1, timeout=60), "the model was never asked"
         # the client has gone away while its answer was being generated
-        assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
+        assert wait_for(lambda: len(scripted.cancelled) == 1, timeout=60), "generation went on after the client left"
     finally:
         with_server.stop()
 

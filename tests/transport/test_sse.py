@@ -9,7 +9,6 @@ import json
 import logging
 import re
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from app.backends.scripted import Script, ScriptedBackend, text_script
 from app.config import Settings
 from app.main import create_app
 from compliance import SSEParser, StreamChecker
-from tests.live import LiveServer
+from tests.live import LiveServer, wait_for
 
 BLOCK = re.compile(rb"event: ([a-z_.]+)\ndata: (\{[^\n]*\})\n\n")
 PING = b": ping\n\n"
@@ -60,13 +59,6 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., tuple[LiveServer, ScriptedBa
                 server.stop()
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _stored_when_over(server: LiveServer, response_id: str) -> dict[str, Any]:
@@ -77,7 +69,7 @@ def _stored_when_over(server: LiveServer, response_id: str) -> dict[str, Any]:
         stored = httpx.get(f"{server.url}/v1/responses/{response_id}").json()
         return stored["status"] != "in_progress"
 
-    assert _wait_for(over), stored
+    assert wait_for(over), stored
     return stored
 
 
@@ -142,7 +134,7 @@ def test_a_client_that_leaves_while_nothing_is_sent_stops_generation(
             seen += [event["type"] for event in parser.feed(chunk)]
             if "response.in_progress" in seen:
                 break  # the model is now silent for 30 s; the client leaves
-    assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
+    assert wait_for(lambda: len(scripted.cancelled) == 1), "generation went on after the client left"
     # the response was closed as the client leaving closes one, and recorded
     stored = _stored_when_over(server, parser.events[0]["response"]["id"])
     assert stored["status"] == "incomplete"
@@ -163,9 +155,9 @@ def test_a_client_that_reads_nothing_is_let_go_after_the_send_timeout(
         head = sock.recv(256)
         assert head.startswith(b"HTTP/1.1 200"), head
         # the client reads no more: once the buffers are full, a send waits, and times out
-        assert _wait_for(lambda: len(scripted.cancelled) == 1), "generation went on for a client that reads nothing"
+        assert wait_for(lambda: len(scripted.cancelled) == 1), "generation went on for a client that reads nothing"
         response_id = re.search(rb'"id":"(resp_[^"]+)"', head + sock.recv(4096))
-        assert _wait_for(lambda: "read nothing for 0.5s" in caplog.text), "the stream's end was not logged"
+        assert wait_for(lambda: "read nothing for 0.5s" in caplog.text), "the stream's end was not logged"
     assert response_id is not None
     stored = _stored_when_over(server, response_id[1].decode())
     assert stored["status"] == "incomplete"

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from app.main import create_app
 from compliance import validate_error_body, validate_ws_error
 from tests.client import Client
 from tests.conftest import scripted_backend
-from tests.live import LiveServer
+from tests.live import LiveServer, wait_for
 
 QUICK = {"model": "scripted-text", "input": "hi"}
 GATED = {"model": "scripted-gated", "input": "hi"}
@@ -88,15 +87,6 @@ def redis_settings(store: str, request: pytest.FixtureRequest) -> dict[str, Any]
     if store == "memory":
         return {}
     return {"redis_url": request.getfixturevalue("redis_url"), "redis_prefix": request.getfixturevalue("redis_prefix")}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 class OpenStream:
@@ -190,7 +180,7 @@ def test_a_client_that_leaves_gives_its_place_back(
     running.until("event: response.output_text.delta")
     refused(client.http.post("/v1/responses", json=QUICK), "in flight")
     running.close()
-    assert wait_until(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200), \
+    assert wait_for(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200), \
         "the place of a stream whose client left was never given back"
 
 
@@ -210,8 +200,8 @@ def test_a_background_response_holds_its_place_until_it_finishes(serve: Callable
     started = client.create(**GATED, background=True)
     refused(client.http.post("/v1/responses", json=QUICK), "in flight")
     served.gate.set()
-    assert wait_until(lambda: client.http.get(f"/v1/responses/{started['id']}").json()["status"] == "completed")
-    assert wait_until(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200)
+    assert wait_for(lambda: client.http.get(f"/v1/responses/{started['id']}").json()["status"] == "completed")
+    assert wait_for(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200)
 
 
 def test_websocket_refusals_are_error_envelopes_and_the_socket_stays_open(serve: Callable[..., Served]) -> None:
@@ -252,7 +242,7 @@ def test_a_websocket_turn_holds_its_place_while_its_response_runs(serve: Callabl
         served.gate.set()
         while (message := json.loads(socket.recv(timeout=30)))["type"] != "response.completed":
             assert message["type"] != "error", message
-    assert wait_until(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200)
+    assert wait_for(lambda: client.http.post("/v1/responses", json=QUICK).status_code == 200)
 
 
 def test_two_servers_share_one_redis_budget(serve: Callable[..., Served], redis_url: str, redis_prefix: str) -> None:

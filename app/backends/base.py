@@ -6,6 +6,8 @@ sampling and tool settings) and yields a stream of normalized deltas:
     TextDelta        visible assistant text (with its tokens' logprobs when asked)
     ReasoningDelta   raw reasoning text (never shown as output_text)
     ToolCallDelta    a piece of a function call; calls are told apart by ``index``
+    CompactionDelta  a whole compaction item's sealed content (only a compaction turn
+                     makes it: the engine's, from a model's summary; never a model backend)
     Finish           exactly once, last: why generation stopped, and token usage
 
 The engine never sees a backend's wire format, and a backend never sees the Responses
@@ -170,6 +172,14 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class CompactionDelta:
+    """The one output of a compaction turn: a ``compaction`` item's ``encrypted_content``
+    (the summary, sealed). Made by the engine's compaction (``app.engine.compaction_turn``)."""
+
+    encrypted_content: str
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
@@ -183,7 +193,7 @@ class Finish:
     usage: Usage | None = None
 
 
-Delta = TextDelta | ReasoningDelta | ToolCallDelta | Finish
+Delta = TextDelta | ReasoningDelta | ToolCallDelta | CompactionDelta | Finish
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,13 @@ from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History
 from app.engine.sealing import Sealer, SealError
 from app.errors import InvalidRequest
-from app.protocol.items import CompactionParam, ExtensionItemParam, ItemReferenceParam, UserMessageParam
+from app.protocol.items import (
+    CompactionParam,
+    CompactionTriggerParam,
+    ExtensionItemParam,
+    ItemReferenceParam,
+    UserMessageParam,
+)
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
 from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
 from app.schemas import SchemaLimits, compile_schema
@@ -53,6 +59,9 @@ class Assembled:
     sealed: Opener | None
     messages: list[ChatMessage]
     tools: tuple[ToolSpec, ...]
+    trigger: int | None = None
+    """Where the input's ``compaction_trigger`` is: a compaction turn
+    (:mod:`app.engine.compaction_turn`); ``None`` for an ordinary turn."""
 
 
 class Opener:
@@ -96,6 +105,8 @@ def input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[obj
     kept: list[object] = []
     for index, item in enumerate(raw):
         param = f"input[{index}]"
+        if isinstance(item, CompactionTriggerParam):  # a request control, never part of the conversation
+            continue
         if isinstance(item, ExtensionItemParam):
             if item.type.startswith(OWN_EXTENSION_PREFIX):
                 raise InvalidRequest(

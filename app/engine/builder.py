@@ -45,7 +45,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from app.backends.base import Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta
+from app.backends.base import CompactionDelta, Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta
 from app.backends.base import Usage as BackendUsage
 from app.engine.output_items import EventMaker, IllegalTransition, OutputItems, wire_usage
 from app.errors import ORSError
@@ -194,6 +194,8 @@ class ResponseBuilder:
             self._items.text(ItemType.REASONING, ReasoningDeltaEvent, delta.text)
         elif isinstance(delta, ToolCallDelta):
             self._items.tool_call(delta)
+        elif isinstance(delta, CompactionDelta):
+            self._items.compaction(delta.encrypted_content)
         else:
             raise TypeError(f"not a delta: {delta!r}")
         return self._events.take()

@@ -22,7 +22,9 @@ of the kept items when the backend can count them. Nothing is stored, and no res
 is created.
 
 When a compaction item comes back as input, :func:`compaction_context` gives the text
-the model is to see in its place.
+the model is to see in its place. A compaction turn (``compaction_trigger`` on
+``/v1/responses``: :mod:`app.engine.compaction_turn`) makes its item with the same
+:func:`summarise` and :func:`sealed_item`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from app.protocol.compaction import CompactBody, CompactResource
 from app.protocol.items import (
     Compaction,
     CompactionParam,
+    CompactionTriggerParam,
     DeveloperMessageParam,
     ExtensionItemParam,
     ItemReferenceParam,
@@ -136,34 +139,53 @@ async def compact(
         _check_compactable(entry)
     cut = _last_user_message(entries)
     older, turn = entries[:cut], entries[cut:]
-    pinned = [e for e in older if isinstance(e.item, SystemMessageParam | DeveloperMessageParam)]
-    summarised = [e for e in older if not isinstance(e.item, SystemMessageParam | DeveloperMessageParam)]
+    pinned = [e for e in older if _is_instruction(e)]
     for entry in turn:
         if isinstance(entry.item, CompactionParam):
             _expand(sealer, entry.item, entry.param)
 
-    usage = BackendUsage()
-    summary = ""
-    if summarised:
-        pieces = [piece for entry in summarised if (piece := _render(sealer, entry))]
-        if pieces:
-            summary, usage = await _summarise(backend, model, pieces, instructions, summary_tokens)
-
+    summary, usage = await summarise(backend=backend, model=model, sealer=sealer, entries=older,
+                                     instructions=instructions, summary_tokens=summary_tokens)
     kept = [*pinned, *turn]
     counted = await backend.count_tokens(model, _as_messages(sealer, kept)) if kept else 0
-    created_at = int(time.time())
-    item = Compaction(
-        id=ids.compaction_id(),
-        encrypted_content=sealer.seal(PURPOSE, {"summary": summary, "model": model, "created_at": created_at}),
-    )
+    item = sealed_item(sealer, summary, model)
     output = _with_unique_ids(
         [*(stored_form(e.item) for e in pinned), item.model_dump(mode="json"), *(stored_form(e.item) for e in turn)]
     )
     return CompactResource(
         id=ids.new_id("compact"),
         output=output,
-        created_at=created_at,
+        created_at=int(time.time()),
         usage=_wire_usage(usage, extra_input=counted or 0),
+    )
+
+
+async def summarise(
+    *,
+    backend: Backend,
+    model: str,
+    sealer: Sealer,
+    entries: Sequence[Entry],
+    instructions: str | None = None,
+    summary_tokens: int = SUMMARY_TOKENS,
+) -> tuple[str, BackendUsage]:
+    """The summary of ``entries`` (oldest first) by ``model``, and what the summarising
+    calls cost: system and developer messages are left out (instructions are never
+    paraphrased), earlier compaction items are expanded into their summaries, and a
+    transcript too long for the model's window is summarised in chunks. ``("", no
+    usage)`` without a model call when nothing is left to summarise."""
+    pieces = [piece for entry in entries if not _is_instruction(entry) and (piece := _render(sealer, entry))]
+    if not pieces:
+        return "", BackendUsage()
+    return await _summarise(backend, model, pieces, instructions, summary_tokens)
+
+
+def sealed_item(sealer: Sealer, summary: str, model: str) -> Compaction:
+    """A new ``compaction`` item holding ``summary``, sealed (see the module docstring)."""
+    created_at = int(time.time())
+    return Compaction(
+        id=ids.compaction_id(),
+        encrypted_content=sealer.seal(PURPOSE, {"summary": summary, "model": model, "created_at": created_at}),
     )
 
 
@@ -196,12 +218,23 @@ def _check_compactable(entry: Entry) -> None:
             code="unsupported_item",
             param=entry.param,
         )
+    if isinstance(entry.item, CompactionTriggerParam):
+        raise InvalidRequest(
+            "A compaction_trigger item asks POST /v1/responses for a compaction turn; this endpoint "
+            "compacts without one. Remove it from the input.",
+            code="unsupported_item",
+            param=entry.param,
+        )
     if isinstance(entry.item, ExtensionItemParam):
         raise InvalidRequest(
             f"Item type '{entry.item.type}' is not one this server can compact.",
             code="unsupported_item",
             param=entry.param,
         )
+
+
+def _is_instruction(entry: Entry) -> bool:
+    return isinstance(entry.item, SystemMessageParam | DeveloperMessageParam)
 
 
 def _last_user_message(entries: Sequence[Entry]) -> int:

@@ -9,9 +9,13 @@ HTTP error or a WebSocket error envelope):
 2. the replay gate checks the input exactly as sent, so its reasons win over generic
    validation errors;
 3. the body is validated into protocol models; the model id is resolved;
-4. input items are checked (images, extension items, compaction blobs) and the context is
-   assembled, then fitted to the model's window (``truncation``);
+4. input items are checked (images, extension items, compaction blobs, the place of a
+   ``compaction_trigger``) and the context is assembled, then fitted to the model's
+   window (``truncation``);
 5. the backend checks what it can refuse now (e.g. a schema it cannot enforce).
+
+A compaction turn (a ``compaction_trigger`` ends the input) skips 4's fitting and 5: its
+backend is the summariser (:mod:`app.engine.compaction_turn`).
 
 :meth:`Engine.run` then makes the run for a :class:`~app.engine.delivery.Delivery`, and
 starts it where its start must be known before the transport commits to a stream.
@@ -27,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import Backend, GenerationRequest, ToolSpec
+from app.backends.base import Backend, GenerationRequest, ToolPolicy, ToolSpec
 from app.engine import ids
 from app.engine.assembly import (
     Assembled,
@@ -39,6 +43,7 @@ from app.engine.assembly import (
     input_items,
     reasoning_sealer,
 )
+from app.engine.compaction_turn import CompactionTurn, check_compaction_turn, conversation_entries, trigger_index
 from app.engine.context import build_messages
 from app.engine.delivery import Delivery
 from app.engine.echo import initial_response
@@ -161,6 +166,7 @@ class Engine:
             self.metrics.gate_rejections.labels(refused.code or "invalid_request").inc()
             raise
         body = parse_body(CreateResponseBody, data)
+        trigger = trigger_index(body)
         await check_images(body.input, max_bytes=self.max_image_bytes)
         requested = body.model or self.router.default_model
         model, backend = self.router.resolve(requested)
@@ -187,7 +193,7 @@ class Engine:
             ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict)
             for f in body.function_tools
         )
-        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tools)
+        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tools, trigger)
 
     async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given
@@ -198,6 +204,11 @@ class Engine:
         without it a conversation longer than the window is counted all the same. A model
         whose tokens cannot be counted here (an upstream's) is a 400 on ``model``."""
         assembled = await self._assemble(data, history)
+        if assembled.trigger is not None:
+            raise InvalidRequest(
+                "A compaction turn (compaction_trigger in the input) gives the model a summarising prompt of "
+                "its own, not this request's context: its input tokens are not counted in advance.",
+                code="unsupported_item", param=f"input[{assembled.trigger}]")
         messages = assembled.messages
         if assembled.body.truncation == "auto":
             messages = await fit_context(assembled.backend, assembled.model, messages, assembled.tools,
@@ -216,11 +227,14 @@ class Engine:
         assembled = await self._assemble(data, history)
         body, requested, backend = assembled.body, assembled.requested, assembled.backend
         past, new_items, sealed = assembled.past, assembled.new_items, assembled.sealed
-        messages = await fit_context(backend, assembled.model, assembled.messages, assembled.tools,
-                                     truncation=body.truncation or "disabled",
-                                     max_output_tokens=body.max_output_tokens)
-        request = generation_request(body, assembled.model, messages, assembled.tools)
-        await backend.check(request)
+        if assembled.trigger is not None:
+            backend, request = self._compaction_turn(assembled)
+        else:
+            messages = await fit_context(backend, assembled.model, assembled.messages, assembled.tools,
+                                         truncation=body.truncation or "disabled",
+                                         max_output_tokens=body.max_output_tokens)
+            request = generation_request(body, assembled.model, messages, assembled.tools)
+            await backend.check(request)
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
             status=ResponseStatus.QUEUED if body.background else ResponseStatus.IN_PROGRESS,
@@ -261,6 +275,23 @@ class Engine:
             seal_reasoning=reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             on_recorded=on_recorded,
         )
+
+    def _compaction_turn(self, assembled: Assembled) -> tuple[Backend, GenerationRequest]:
+        """The backend and request of a compaction turn (:mod:`app.engine.compaction_turn`):
+        the whole conversation, unfitted (the summariser splits what the window cannot
+        hold), no tools offered."""
+        body, trigger = assembled.body, assembled.trigger
+        assert trigger is not None
+        check_compaction_turn(body, self.sealer, trigger)
+        assert self.sealer is not None
+        turn = CompactionTurn(
+            assembled.backend, model=assembled.model, sealer=self.sealer,
+            entries=conversation_entries(assembled.past.items, assembled.new_items),
+            instructions=body.instructions, max_output_tokens=body.max_output_tokens,
+        )
+        request = GenerationRequest(model=assembled.model, messages=tuple(assembled.messages),
+                                    tool_policy=ToolPolicy(mode="none"), cache_key=body.prompt_cache_key)
+        return turn, request
 
     async def run(self, prepared: Prepared, delivery: Delivery, *,
                   on_end: Callable[[], Awaitable[None]] | None = None) -> Run:

@@ -21,14 +21,23 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from app.backends.base import Backend, Delta, Finish, GenerationRequest, ReasoningDelta, TextDelta, ToolCallDelta
+from app.backends.base import (
+    Backend,
+    CompactionDelta,
+    Delta,
+    Finish,
+    GenerationRequest,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+)
 from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.tools import ToolCallGuard, enforce_tool_policy
 from app.errors import ORSError
 
 QUEUE_SIZE = 256
 
-DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, Finish)
+DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, CompactionDelta, Finish)
 """What the queue carries most: the backend's deltas."""
 
 END = object()

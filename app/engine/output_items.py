@@ -37,7 +37,7 @@ from app.protocol.events import (
     ReasoningDone,
     StreamEvent,
 )
-from app.protocol.items import CustomToolCall, FunctionCall, Message, OutputItem, Reasoning
+from app.protocol.items import Compaction, CustomToolCall, FunctionCall, Message, OutputItem, Reasoning
 from app.protocol.responses import InputTokensDetails, OutputTokensDetails, Usage
 from app.protocol.states import ItemStatus, ItemType
 from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
@@ -249,6 +249,19 @@ class OutputItems:
             if not item.custom:
                 self._events.add(FunctionCallArgumentsDelta, item_id=item.item_id, output_index=item.output_index,
                                  delta=delta.arguments)
+
+    def compaction(self, encrypted_content: str) -> None:
+        """A whole ``compaction`` item (closing the open item first): ``output_item.added``
+        with its zero value (``encrypted_content: ""``, ``in_progress``), then
+        ``output_item.done`` with the sealed content, ``completed``. It has no deltas."""
+        self.close_open(ItemStatus.COMPLETED)
+        item_id, output_index = ids.compaction_id(), len(self.closed)
+        if self._events.emits:
+            self._events.add(OutputItemAdded, output_index=output_index,
+                             item=Compaction(id=item_id, encrypted_content="", status=ItemStatus.IN_PROGRESS))
+        final = Compaction(id=item_id, encrypted_content=encrypted_content, status=ItemStatus.COMPLETED)
+        self.closed.append(final)
+        self._events.add(OutputItemDone, output_index=output_index, item=final)
 
     def open_text(self, kind: ItemType) -> OpenItem:
         """Open a message or a reasoning item: ``output_item.added``, ``content_part.added``."""

@@ -127,6 +127,15 @@ class CompactionParam(ParamModel):
     status: ItemStatus | None = None
 
 
+class CompactionTriggerParam(ParamModel):
+    """OpenAI's request for a compaction turn (Codex's remote compaction): the last input
+    item, bare (``{"type": "compaction_trigger"}``, no other field, not even ``id``). The
+    response then holds exactly one ``compaction`` item. A request control, never stored
+    nor echoed. Not in the spec."""
+
+    type: Literal["compaction_trigger"]
+
+
 class ItemReferenceParam(ParamModel):
     type: Literal["item_reference"] | None = None
     id: str
@@ -153,6 +162,7 @@ _ITEM_TAGS = {
     "custom_tool_call_output",
     "reasoning",
     "compaction",
+    "compaction_trigger",
     "item_reference",
 }
 
@@ -202,13 +212,14 @@ ItemParam = Annotated[
     | Annotated[CustomToolCallOutputParam, Tag("custom_tool_call_output")]
     | Annotated[ReasoningParam, Tag("reasoning")]
     | Annotated[CompactionParam, Tag("compaction")]
+    | Annotated[CompactionTriggerParam, Tag("compaction_trigger")]
     | Annotated[ItemReferenceParam, Tag("item_reference")]
     | Annotated[ExtensionItemParam, Tag("extension")],
     Discriminator(
         _item_tag,
         custom_error_type="unknown_item_type",
         custom_error_message="Unknown input item type: expected message, function_call, "
-        "function_call_output, reasoning, compaction or item_reference",
+        "function_call_output, reasoning, compaction, compaction_trigger or item_reference",
     ),
 ]
 

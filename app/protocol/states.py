@@ -47,4 +47,5 @@ class ItemType(StrEnum):
     CUSTOM_TOOL_CALL_OUTPUT = "custom_tool_call_output"
     REASONING = "reasoning"
     COMPACTION = "compaction"
+    COMPACTION_TRIGGER = "compaction_trigger"
     ITEM_REFERENCE = "item_reference"

@@ -132,6 +132,12 @@ class StreamBuilder:
         return self._finish_item(index, {**item, "status": "completed", "summary": [summary_part],
                                          "content": [content_part]})
 
+    def compaction(self, encrypted_content: str = "ors1.sealed", *, item_id: str = "cmp_1") -> dict[str, Any]:
+        index = len(self.items)
+        item = {"id": item_id, "type": "compaction", "status": "in_progress", "encrypted_content": ""}
+        self.emit("response.output_item.added", output_index=index, item=item)
+        return self._finish_item(index, {**item, "status": "completed", "encrypted_content": encrypted_content})
+
     def completed(self) -> dict[str, Any]:
         return self.emit("response.completed", response=make_response(
             status="completed", completed_at=CREATED_AT + 1, output=self.items, usage=make_usage()))

@@ -350,6 +350,35 @@ def test_added_item_must_be_in_progress_with_zero_values():
         run(events)
 
 
+def test_a_compaction_item_streams_with_no_deltas():
+    builder = StreamBuilder()
+    item = builder.compaction("sealed-summary")
+    builder.completed()
+    assert run(builder.events)["output"] == [item]
+
+
+def test_an_added_compaction_item_must_carry_no_content():
+    builder = StreamBuilder()
+    builder.compaction("sealed-summary")
+    builder.completed()
+    events = builder.events
+    events[find(events, "response.output_item.added")]["item"]["encrypted_content"] = "sealed-summary"
+    with raises(r"an added compaction must carry encrypted_content: ''"):
+        run(events)
+
+
+def test_a_compaction_item_takes_no_content_parts():
+    builder = StreamBuilder()
+    builder.compaction()
+    builder.completed()
+    events = builder.events
+    events.insert(find(events, "response.output_item.done"), {
+        "type": "response.content_part.added", "sequence_number": 0, "item_id": "cmp_1", "output_index": 0,
+        "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})
+    with raises("a compaction item cannot stream a 'output_text' part"):
+        run(renumber(events))
+
+
 def test_item_added_while_previous_open():
     builder = StreamBuilder()
     builder.message(["one"])

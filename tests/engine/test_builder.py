@@ -9,7 +9,15 @@ import random
 import pytest
 from pydantic_core import PydanticSerializationError
 
-from app.backends.base import Finish, ReasoningDelta, TextDelta, TokenLogprob, ToolCallDelta, Usage
+from app.backends.base import (
+    CompactionDelta,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    TokenLogprob,
+    ToolCallDelta,
+    Usage,
+)
 from app.engine.builder import IllegalTransition, ResponseBuilder
 from app.engine.echo import initial_response
 from app.errors import ModelError, StoreUnavailable
@@ -53,6 +61,20 @@ def test_mixed_items_stream_in_order() -> None:
     assert final["output"][2]["arguments"] == '{"x":1}'
     assert final["usage"]["total_tokens"] == 15
     assert builder.response.status == "completed"
+
+
+def test_a_compaction_delta_is_one_whole_compaction_item() -> None:
+    builder = _builder()
+    events = _run(builder, CompactionDelta("sealed"), Finish("stop", Usage(40, 12)))
+    assert [event["type"] for event in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done",
+        "response.completed"]
+    added, done = events[2]["item"], events[3]["item"]
+    assert added == {"type": "compaction", "id": added["id"], "encrypted_content": "", "status": "in_progress"}
+    assert added["id"].startswith("cmp_")
+    assert done == {**added, "encrypted_content": "sealed", "status": "completed"}
+    final = check_stream([*events, "[DONE]"])
+    assert final["output"] == [done] and final["usage"]["total_tokens"] == 52
 
 
 def test_length_closes_the_last_item_incomplete() -> None:
@@ -346,6 +368,8 @@ def _scenario(rng: random.Random) -> list[object]:
             events += builder.feed(TextDelta(_random_text(rng), _lp_random(rng) if logprobs else ()))
         elif kind < 0.55:
             events += builder.feed(ReasoningDelta(_random_text(rng)))
+        elif kind < 0.6:
+            events += builder.feed(CompactionDelta(_random_text(rng)))
         else:
             name = rng.choice(["get_weather", "apply_patch", "files__read"])
             events += builder.feed(ToolCallDelta(call, name=name, arguments=rng.choice(['{"a":', "", '"x"'])))
@@ -369,7 +393,7 @@ def _scenario(rng: random.Random) -> list[object]:
 def test_every_event_is_serialized_as_its_wire_model_writes_it() -> None:
     """Over random lives of a builder (text with and without logprobs, reasoning,
     function, custom and namespace calls, every ending), each event is its validated
-    wire model, :func:`serialize_event` writes what that model writes, and the JSON reads
+    wire model (compaction items too), :func:`serialize_event` writes what that model writes, and the JSON reads
     back to the same event; every kind of event the builder makes is seen."""
     rng = random.Random(5)
     seen = set()

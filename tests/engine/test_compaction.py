@@ -262,7 +262,7 @@ async def test_repeated_ids_are_made_unique(sealer: Sealer) -> None:
     check_compact(resource.model_dump(mode="json"))
 
 
-async def test_references_and_foreign_items_cannot_be_compacted(sealer: Sealer) -> None:
+async def test_references_foreign_items_and_triggers_cannot_be_compacted(sealer: Sealer) -> None:
     body = parse_body(CompactBody, {"model": MODEL, "input": [
         {"role": "user", "content": "q"}, {"type": "item_reference", "id": "msg_1"}]})
     with pytest.raises(InvalidRequest) as caught:
@@ -272,6 +272,11 @@ async def test_references_and_foreign_items_cannot_be_compacted(sealer: Sealer) 
     with pytest.raises(InvalidRequest) as caught:
         await compact(backend=scripted(), model=MODEL, sealer=sealer, entries=input_entries(body.input))
     assert caught.value.param == "input[0]"
+    body = parse_body(CompactBody, {"model": MODEL, "input": [
+        {"role": "user", "content": "q"}, {"type": "compaction_trigger"}]})
+    with pytest.raises(InvalidRequest) as caught:
+        await compact(backend=scripted(), model=MODEL, sealer=sealer, entries=input_entries(body.input))
+    assert (caught.value.code, caught.value.param) == ("unsupported_item", "input[1]")
 
 
 class FixedHistory(HistorySource):

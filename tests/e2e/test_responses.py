@@ -506,5 +506,5 @@ def test_tool_types_the_server_cannot_run_are_left_out_not_refused(client: Clien
          "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
         {"type": "web_search"},
     ])
-    assert [tool["name"] for tool in response["tools"]] == ["lookup"]
-    assert [tool.name for tool in scripted.requests[-1].tools] == ["lookup"]
+    assert [tool["name"] for tool in response["tools"]] == ["lookup"]  # the spec's field: function tools
+    assert [tool.name for tool in scripted.requests[-1].tools] == ["lookup", "apply_patch"]

@@ -3,11 +3,10 @@ call of the tool to it (OpenAI's ``{"type": "grammar", "syntax": "lark"}`` forma
 Codex's free-form ``apply_patch``).
 
 The grammar is read by ``lark`` itself: it parses the definition, resolves ``%import``
-from its own library (``common.LF``...), expands templates and EBNF operators, and gives
-the compiled rules (plain alternatives of symbol sequences) and terminals (each one
-string or one regular expression). They become GBNF rules over the JSON encoding of the
-text (:mod:`app.backends.json_text_gbnf`), since the model writes the input as a JSON
-string:
+from its own library (``common.LF``...), expands EBNF operators, and gives the compiled
+rules (plain alternatives of symbol sequences) and terminals (each one string or one
+regular expression). They become GBNF rules over the JSON encoding of the text
+(:mod:`app.backends.json_text_gbnf`), since the model writes the input as a JSON string:
 
 * a rule: its alternatives; the left recursion that lark's expansion of ``x+`` and
   ``x*`` makes (``a: b | a c``) is rewritten as repetition (``a ::= b c*``), so rules
@@ -22,8 +21,9 @@ lexer (longest match, terminal priorities, the contextual lexer) is not simulate
 where it would split an input differently the rules can be more permissive than a lark
 parser with a lexer; for grammars whose terminals do not compete (Codex's) they agree.
 What cannot be held is refused with :class:`UnsupportedGrammar`: a definition that is not
-valid Lark, one without a ``start`` rule, a ``%import`` relative to a file, a terminal
-only ``%declare``\\ d, indirect left recursion, and the regular-expression constructs
+valid Lark, one without a ``start`` rule, a ``%import`` relative to a file, a template
+definition (lark would expand a self-instantiating one forever), a terminal only
+``%declare``\\ d, indirect left recursion, and the regular-expression constructs
 :mod:`app.backends.json_text_gbnf` refuses.
 """
 
@@ -45,6 +45,9 @@ START = "start"
 """The rule a grammar's text must match as a whole (lark's default, and OpenAI's)."""
 
 _RELATIVE_IMPORT = re.compile(r"%import\s+\.")
+_TEMPLATE = re.compile(r"^[ \t]*(?:%(?:override|extend)[ \t]+)?[?!]?[_a-z][_a-z0-9]*[ \t]*\{", re.MULTILINE)
+"""The start of a template's definition (``name{params}: ...``): lark expands a template
+that instantiates itself with growing arguments without end, so none is taken."""
 _NAME_CHARS = re.compile(r"[^A-Za-z0-9]+")
 
 
@@ -79,6 +82,8 @@ def lark_to_gbnf(definition: str, prefix: str, repeats: Repeats) -> GbnfRules:
     if _RELATIVE_IMPORT.search(definition):
         raise UnsupportedGrammar("a %import relative to a file cannot be resolved; import from lark's library "
                                  "(such as %import common.LF) or define the terminal")
+    if _TEMPLATE.search(definition):
+        raise UnsupportedGrammar("it defines a template (name{params}); write the rules it stands for instead")
     try:
         grammar = Lark(definition, parser="earley", lexer=_GrammarOnly, start=START, import_paths=[])
     except Exception as error:  # lark raises its own errors, and assorted others for odd input

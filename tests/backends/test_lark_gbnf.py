@@ -127,6 +127,9 @@ def test_constructs(definition: str, inside: list[str], outside: list[str]) -> N
     ('start: a\na: a', "never ends"),
     ("%import .local.NAME\nstart: NAME", "relative to a file"),
     ('%declare X\nstart: X', "declared"),
+    # lark would expand this template forever
+    ('start: t{A}\nt{x}: x | t{w{x}}\nw{y}: y y\nA: "a"', "template"),
+    ('start: "a"\n%extend _t {x}: x', "template"),
 ])
 def test_what_cannot_be_held_is_refused_saying_why(definition: str, why: str) -> None:
     with pytest.raises(UnsupportedGrammar, match=why):

@@ -64,6 +64,18 @@ class ChatMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class TextGrammar:
+    """The grammar a custom tool's one string (its ``input``) must follow, beyond what
+    ``parameters`` can say: ``definition`` in ``syntax`` (Lark), sent as the request's
+    parameter ``param``. An embedded model is held to it by its own grammar (a refusal
+    names ``param``); an upstream gets the tool without it."""
+
+    syntax: Literal["lark"]
+    definition: str
+    param: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolSpec:
     """A function tool the model can see."""
 
@@ -71,6 +83,7 @@ class ToolSpec:
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    grammar: TextGrammar | None = None
 
 
 @dataclass(frozen=True, slots=True)

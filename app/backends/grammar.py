@@ -16,14 +16,22 @@ so that no schema makes a grammar the parser cannot hold:
   generation is free and the output parser (:mod:`app.backends.toolcalls`) alone
   enforces the policy.
 
+A custom tool's Lark grammar (:class:`~app.backends.base.TextGrammar`) holds its input
+instead (:mod:`app.backends.lark_gbnf`): the call's arguments are ``{"input": "..."}``
+with the string's text in the grammar's language. Every such grammar of a request is
+converted (:func:`check_text_grammars`), forced or not, so one that cannot be is refused
+whatever ``tool_choice`` says.
+
 A schema the converter cannot turn into a grammar is refused with ``InvalidRequest``
-(``param`` ``text.format.schema`` or ``tools[i].parameters``) rather than generated
-unconstrained. The converter is imported on first use, so that importing this module
-does not load llama.cpp (``local`` configures the process before it does).
+(``param`` ``text.format.schema`` or ``tools[i].parameters``; a Lark grammar,
+``tools[i].format.definition``) rather than generated unconstrained. The converter is
+imported on first use, so that importing this module does not load llama.cpp (``local``
+configures the process before it does).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -31,10 +39,16 @@ from typing import Any
 
 from app.backends.base import OutputFormat, ToolPolicy, ToolSpec
 from app.backends.call_syntax import CallShape, gbnf_literal
+from app.backends.json_text_gbnf import Repeats
+from app.backends.lark_gbnf import GbnfRules, UnsupportedGrammar, lark_to_gbnf
 from app.errors import InvalidRequest
 
 MAX_FORCED_CALLS = 8
 """Calls a forcing grammar allows when the policy sets no lower limit."""
+
+CUSTOM_ARGUMENTS = ('{"input": "', '"}')
+"""What the arguments of a call held to a custom tool's grammar are around its one string
+(the parameter custom tools are offered with, ``app.protocol.tools.CUSTOM_INPUT``)."""
 
 
 def output_grammar(output_format: OutputFormat) -> str | None:
@@ -168,6 +182,33 @@ def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: Call
     return "\n".join([*rules, converter.format_grammar()])
 
 
+def check_text_grammars(tools: Sequence[ToolSpec]) -> None:
+    """Raise ``InvalidRequest`` (``param`` the grammar's) for the first tool whose Lark
+    grammar cannot become GBNF."""
+    for index, tool in enumerate(tools):
+        if tool.grammar is not None:
+            text_grammar_rules(tool, f"tool{index}")
+
+
+def text_grammar_rules(tool: ToolSpec, prefix: str) -> GbnfRules:
+    """The GBNF rules of ``tool``'s Lark grammar, named ``<prefix>-...``."""
+    assert tool.grammar is not None
+    try:
+        return _lark_rules(tool.grammar.definition, prefix)
+    except UnsupportedGrammar as refused:
+        raise InvalidRequest(
+            f"The local model cannot be held to the Lark grammar of custom tool '{tool.name}': {refused}.",
+            code="unsupported_grammar",
+            param=tool.grammar.param,
+        ) from None
+
+
+@functools.lru_cache(maxsize=64)
+def _lark_rules(definition: str, prefix: str) -> GbnfRules:
+    """Cached: a client sends the same tools with every turn."""
+    return lark_to_gbnf(definition, prefix, Repeats(MAX_GRAMMAR_REPEAT, MAX_GRAMMAR_REPEATS))
+
+
 class _Converter:
     """llama.cpp's JSON-schema converter, shared by all tools of one grammar.
 
@@ -182,11 +223,18 @@ class _Converter:
 
         self._converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
         self._repeats = RepeatBudget()  # one for every tool of the grammar
+        self._text_rules: list[str] = []
 
     def arguments_rule(self, tool: ToolSpec, index: int) -> str:
         """The name of the rule for ``tool``'s arguments object."""
-        schema = tool.parameters or {"type": "object", "properties": {}}
         prefix = f"tool{index}"
+        if tool.grammar is not None:
+            text = text_grammar_rules(tool, prefix)
+            name = f"{prefix}-arguments"
+            opening, closing = gbnf_literal(CUSTOM_ARGUMENTS[0]), gbnf_literal(CUSTOM_ARGUMENTS[1])
+            self._text_rules += [*text.rules, f"{name} ::= {opening} {text.root} {closing}"]
+            return name
+        schema = tool.parameters or {"type": "object", "properties": {}}
         try:
             if not isinstance(schema, dict) or schema.get("type", "object") != "object":
                 raise ValueError("the parameters must be a JSON schema of type 'object'")
@@ -203,7 +251,7 @@ class _Converter:
             ) from exc
 
     def format_grammar(self) -> str:
-        return strict_json_strings(str(self._converter.format_grammar()))
+        return "\n".join([strict_json_strings(str(self._converter.format_grammar())), *self._text_rules])
 
 
 def _own_references(schema: dict[str, Any], prefix: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
+from app.backends.grammar import check_text_grammars
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
@@ -89,9 +90,11 @@ class Plan:
 
 def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabulary) -> Plan:
     """The plan of ``request`` on the model of ``spec``. CPU work that grows with a
-    schema (made into a grammar); raises ``InvalidRequest`` for a schema that cannot be."""
+    schema or a custom tool's Lark grammar (made into a grammar); raises
+    ``InvalidRequest`` for one that cannot be."""
     chosen = request.sampling
     defaults = spec.sampling
+    check_text_grammars(request.tools)
     grammar, source = tool_call_grammar(request.tools, request.tool_policy, vocabulary.call_shape), "tools"
     if grammar is None:
         grammar, source = output_grammar(request.output_format), "text.format.schema"

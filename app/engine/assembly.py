@@ -21,6 +21,7 @@ from app.backends.base import (
     GenerationRequest,
     OutputFormat,
     Sampling,
+    TextGrammar,
     ToolPolicy,
     ToolSpec,
 )
@@ -134,6 +135,18 @@ def input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[obj
     return kept
 
 
+def tool_specs(body: CreateResponseBody) -> tuple[ToolSpec, ...]:
+    """The functions offered to the model, as a backend sees them; a custom tool's Lark
+    grammar travels with it, with the parameter it came from."""
+    position = {id(tool): index for index, tool in enumerate(body.tools or ())}
+    return tuple(
+        ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict,
+                 grammar=None if f.lark is None else
+                 TextGrammar("lark", f.lark, f"tools[{position[id(f.tool)]}].format.definition"))
+        for f in body.function_tools
+    )
+
+
 def tool_policy(body: CreateResponseBody) -> ToolPolicy:
     names = {tool.name for tool in body.function_tools}
     choice = body.tool_choice
@@ -149,8 +162,7 @@ def tool_policy(body: CreateResponseBody) -> ToolPolicy:
     if mode == "required" and not names:
         given = [f"'{tool.type}'" for tool in body.tools or ()]
         reason = (f"none of the tools given ({', '.join(given)}) can be offered to the model: this server runs "
-                  "function tools, namespace tools and custom tools without a lark grammar") if given else \
-            "no tools were given"
+                  "function tools, namespace tools and custom tools") if given else "no tools were given"
         raise InvalidRequest(f"tool_choice is 'required' but {reason}.", code="invalid_value", param="tool_choice")
     if mode == "auto" and parallel and body.max_tool_calls is None:
         return _AUTO

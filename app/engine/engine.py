@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import Backend, GenerationRequest, ToolPolicy, ToolSpec
+from app.backends.base import Backend, GenerationRequest, ToolPolicy
 from app.engine import ids
 from app.engine.assembly import (
     Assembled,
@@ -42,6 +42,7 @@ from app.engine.assembly import (
     has_schema_work,
     input_items,
     reasoning_sealer,
+    tool_specs,
 )
 from app.engine.compaction_turn import CompactionTurn, check_compaction_turn, conversation_entries, trigger_index
 from app.engine.context import build_messages
@@ -63,7 +64,7 @@ from app.metrics import Metrics, note_model
 from app.protocol.items import CompactionParam
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.protocol.states import ResponseStatus
-from app.protocol.tools import CustomToolParam, OfferedFunction, UnsupportedToolParam
+from app.protocol.tools import OfferedFunction, UnsupportedToolParam
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.engine")
@@ -172,7 +173,7 @@ class Engine:
         model, backend = self.router.resolve(requested)
         note_model(requested)
         for index, tool in enumerate(body.tools or []):
-            if isinstance(tool, UnsupportedToolParam) or (isinstance(tool, CustomToolParam) and not tool.offerable):
+            if isinstance(tool, UnsupportedToolParam):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",
                             index, tool.type)
         if body.background and body.store is False:
@@ -189,11 +190,8 @@ class Engine:
         messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
-        tools = tuple(
-            ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict)
-            for f in body.function_tools
-        )
-        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tools, trigger)
+        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tool_specs(body),
+                         trigger)
 
     async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given

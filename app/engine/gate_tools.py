@@ -5,7 +5,7 @@ call uses: the tools of the ``previous_response_id`` chain (the latest definitio
 name wins), then the request's own ``tools``, which win over the chain's. A ``namespace``
 tool's functions are found by their flat name (``namespace__name``); a ``custom`` tool
 is the function of one string it is offered as (its ``regex`` format that string's
-pattern; a ``lark`` grammar is not offered, so it is not here either).
+pattern; a replayed input is not checked against a ``lark`` grammar).
 
 Building the toolbox checks the request's own tools, whether or not a call uses them:
 a name another tool before it already has is ``duplicate_tool_name`` (param
@@ -81,14 +81,12 @@ def functions(tools: Iterable[Any], path: str) -> Iterable[tuple[Any, str]]:
     """Each entry of ``tools`` with its path, a ``namespace`` tool's functions in its
     place, each carrying the namespace (as an echoed namespaced function does), and a
     ``custom`` tool as the function of one string a model is offered (its ``regex``
-    format the string's pattern; a ``lark`` one is not offered, so not here either)."""
+    format the string's pattern; a ``lark`` one is not checked here)."""
     for index, tool in enumerate(tools):
         if isinstance(tool, Mapping) and tool.get("type") == "custom":
             fmt = tool.get("format")
             fmt = fmt if isinstance(fmt, Mapping) else {}
-            if fmt.get("type") == "grammar" and fmt.get("syntax") == "lark":
-                continue
-            regex = fmt.get("definition") if fmt.get("type") == "grammar" else None
+            regex = fmt.get("definition") if fmt.get("type") == "grammar" and fmt.get("syntax") == "regex" else None
             yield ({"type": "custom", "name": tool.get("name"),
                     "parameters": custom_parameters(regex if isinstance(regex, str) else None)}, f"{path}[{index}]")
             continue

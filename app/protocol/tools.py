@@ -56,11 +56,11 @@ class CustomToolParam(ParamModel):
     parameter ``input``; its calls come back as OpenAI's ``custom_tool_call`` items.
 
     ``format`` says what the text must be: ``text`` (anything, the default), or a
-    ``grammar`` whose ``regex`` syntax the server can hold the model to (the embedded
-    engine constrains a forced call with it; every call's input is checked against it
-    with RE2, and one that does not match is suppressed). A ``lark`` grammar cannot be
-    held to here, so such a tool is not offered (logged), like other tools this server
-    cannot run."""
+    ``grammar``. A ``regex`` one becomes the parameter's ``pattern``: the embedded engine
+    constrains a forced call with it, and every call's input is checked against it with
+    RE2 (one that does not match is suppressed). A ``lark`` one (Codex's free-form
+    ``apply_patch``) is made into the embedded engine's grammar for a forced call
+    (:mod:`app.backends.lark_gbnf`); calls made freely are not checked against it."""
 
     type: Literal["custom"]
     name: FunctionName
@@ -69,13 +69,14 @@ class CustomToolParam(ParamModel):
     defer_loading: bool | None = None
 
     @property
-    def offerable(self) -> bool:
-        return not (isinstance(self.format, CustomGrammarFormatParam) and self.format.syntax == "lark")
-
-    @property
     def regex(self) -> str | None:
         fmt = self.format
         return fmt.definition if isinstance(fmt, CustomGrammarFormatParam) and fmt.syntax == "regex" else None
+
+    @property
+    def lark(self) -> str | None:
+        fmt = self.format
+        return fmt.definition if isinstance(fmt, CustomGrammarFormatParam) and fmt.syntax == "lark" else None
 
 
 class UnsupportedToolParam(ParamModel):
@@ -161,6 +162,11 @@ class OfferedFunction:
         return self.tool.parameters
 
     @property
+    def lark(self) -> str | None:
+        """A custom tool's Lark grammar, which its input must follow."""
+        return self.tool.lark if isinstance(self.tool, CustomToolParam) else None
+
+    @property
     def strict(self) -> bool | None:
         return True if isinstance(self.tool, CustomToolParam) else self.tool.strict
 
@@ -182,7 +188,7 @@ def offered_functions(tools: Sequence[Any] | None) -> list[OfferedFunction]:
             offered.append(OfferedFunction(tool))
         elif isinstance(tool, NamespaceToolParam):
             offered.extend(OfferedFunction(inner, tool) for inner in tool.tools)
-        elif isinstance(tool, CustomToolParam) and tool.offerable:
+        elif isinstance(tool, CustomToolParam):
             offered.append(OfferedFunction(tool))
     return offered
 

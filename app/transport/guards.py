@@ -22,9 +22,11 @@ In order, each refusal an :mod:`app.errors` error rendered by
    site never runs a generation. A ``POST`` without a body and without a Content-Type
    (``curl -X POST …/cancel``) passes: there is nothing to parse, and the one such
    endpoint acts on a response id that another site cannot know. A body sent with a
-   ``Content-Encoding`` (``gzip``…) other than ``identity`` is refused the same way,
-   saying so: bodies are read as sent, and a compressed one would otherwise be
-   reported as JSON that is not UTF-8.
+   ``Content-Encoding`` other than ``identity``, ``zstd``, ``gzip`` or ``deflate``
+   (:func:`app.transport.content_encoding.coding_of`) is refused the same way, saying
+   so; a compressed one is decoded as the app reads it, by
+   :class:`app.transport.content_encoding.DecodedBody`, whose contract holds what
+   follows (size, bodies in flight) for the decoded bytes.
 4. **Body size**: a ``Content-Length`` above ``ORS_MAX_BODY_BYTES`` is refused before a
    byte is read; a chunked body is counted as the app reads it and refused (the read
    raises) as soon as it passes the limit, so no more than the limit is ever handed on.
@@ -67,6 +69,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from app.errors import Forbidden, ORSError, PayloadTooLarge, RequestTimeout, TooManyRequests, UnsupportedMediaType
+from app.transport.content_encoding import DecodedBody, coding_of, serve_decoded
 from app.transport.errors import error_response
 
 log = logging.getLogger("ors.http")
@@ -153,15 +156,26 @@ class Guards:
             elif name == b"content-encoding":
                 encoding = value
         error = self._host_error(host)
+        coding = None
         if error is None and scope["method"] == "POST" and (
             content_type is not None or chunked or (length is not None and length != b"0")
         ):
-            error = _content_type_error(content_type) or _content_encoding_error(encoding)
+            error = _content_type_error(content_type)
+            if error is None and encoding is not None:
+                try:
+                    coding = coding_of(encoding)
+                except UnsupportedMediaType as refused:
+                    error = refused
         size = _declared(length) if length is not None else 0
         if error is None and size > self.max_body_bytes:
             error = self._too_large()
         if error is not None:
             await error_response(error)(scope, receive, send)
+            return
+        if coding is not None:
+            body = DecodedBody(self._in_time(scope, receive), coding, limit=self.max_body_bytes,
+                               bodies=self.bodies, too_large=self._too_large)
+            await serve_decoded(self.app, scope, body, send)
             return
         if not chunked or length is not None:
             # a Content-Length body cannot grow past its declared length (the server
@@ -321,14 +335,6 @@ def _content_type_error(content_type: bytes | None) -> ORSError | None:
     shown = content_type.decode("latin-1") if content_type is not None else "none"
     return UnsupportedMediaType(
         f"Request bodies must be sent as 'Content-Type: application/json' (got {shown})."
-    )
-
-
-def _content_encoding_error(encoding: bytes | None) -> ORSError | None:
-    if encoding is None or encoding.strip().lower() in (b"", b"identity"):
-        return None
-    return UnsupportedMediaType(
-        f"Request bodies must be sent uncompressed (got 'Content-Encoding: {encoding.decode('latin-1')}')."
     )
 
 

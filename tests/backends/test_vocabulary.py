@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from app.backends.base import ChatMessage
+from app.backends.base import ChatMessage, ToolSpec
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.vocabulary import Vocabulary, _LlamaLevels
 
 SMOLLM2 = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.mark.model
@@ -100,3 +101,32 @@ def test_llama_cpp_levels_map_onto_logging_levels() -> None:
     assert levels.of(5) == logging.ERROR  # a continued line keeps the level of the line before
     levels.loading_vocabulary += 1
     assert (levels.of(3), levels.of(4)) == (logging.DEBUG, logging.ERROR)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("model", [SMOLLM2, QWEN])
+def test_developer_and_system_messages_keep_their_place(model: str, tmp_path: Path,
+                                                         request: pytest.FixtureRequest) -> None:
+    """Codex's pattern (a developer message after user turns) in each template: every
+    message rendered once, in order, a later developer or system message as a system
+    turn where it was, with tools in the prompt."""
+    directory = request.getfixturevalue("qwen_cache_dir") if model == QWEN else tmp_path
+    vocabulary = Vocabulary(LOCAL_MODELS[model], ModelFiles(directory).path(model))
+    conversation = (
+        ChatMessage("system", "You are a coding agent."),
+        ChatMessage("developer", "Sandbox: read-only."),
+        ChatMessage("user", "List the files."),
+        ChatMessage("assistant", "There is one file."),
+        ChatMessage("developer", "Sandbox: write."),
+        ChatMessage("system", "Be terse."),
+        ChatMessage("user", "Now edit a.txt."),
+    )
+    tools = (ToolSpec("shell", "Run a command.", {"type": "object", "properties": {"cmd": {"type": "string"}}}),)
+    try:
+        prompt = vocabulary.prompt(conversation, tools)
+    finally:
+        vocabulary.close()
+    places = [prompt.index(message.content) for message in conversation]
+    assert places == sorted(places) and all(prompt.count(message.content) == 1 for message in conversation)
+    for later in ("Sandbox: write.", "Be terse."):
+        assert f"<|im_start|>system\n{later}<|im_end|>" in prompt, prompt

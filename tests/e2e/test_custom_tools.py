@@ -4,7 +4,8 @@ a ``custom_tool_call`` whose ``input`` is the text the model wrote, answered by 
 ``custom_tool_call_output``. Responses and events are judged by the vendored spec with
 exactly these two item schemas added (``compliance.with_items``), so every other rule
 still holds. The scripted models (named as such) show what the model was offered and
-make calls on demand; SmolLM2 makes a real call held to a regex grammar."""
+make calls on demand; SmolLM2 makes real calls held to a regex grammar and to a Lark
+grammar."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lark import Lark
 
 from compliance.schemas import load_spec, with_items
 from tests.client import Client
@@ -61,9 +63,12 @@ def _items(response: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def test_a_custom_call_comes_back_with_its_text_as_input(custom: Client, scripted) -> None:  # type: ignore[no-untyped-def]
     response = custom.create(model="scripted-custom-tool", input="Empty patch, please.", tools=[PATCH, LARK])
 
-    [offered] = scripted.requests[-1].tools  # the lark tool cannot be held to its grammar: not offered
-    assert (offered.name, offered.strict) == ("apply_patch", True)
+    offered, lark = scripted.requests[-1].tools
+    assert (offered.name, offered.strict, offered.grammar) == ("apply_patch", True, None)
     assert offered.parameters["properties"]["input"]["type"] == "string"
+    assert lark.name == "query" and lark.parameters["properties"]["input"] == offered.parameters["properties"]["input"]
+    assert lark.grammar is not None  # with its grammar, for a backend that holds a model to it
+    assert (lark.grammar.definition, lark.grammar.param) == (LARK["format"]["definition"], "tools[1].format.definition")
     [call] = _items(response, "custom_tool_call")
     assert (call["name"], call["input"], call["status"]) == ("apply_patch", PATCH_TEXT, "completed")
     assert call["id"].startswith("ctc_") and call["call_id"]
@@ -136,8 +141,47 @@ def test_the_embedded_model_is_held_to_the_regex(custom: Client) -> None:
 
 def test_required_with_only_tools_that_cannot_be_offered_says_why(custom: Client) -> None:
     error = custom.error({"model": "scripted-text", "input": "x", "tool_choice": "required",
-                          "tools": [LARK, {"type": "web_search"}]}, 400)
+                          "tools": [{"type": "web_search"}, {"type": "file_search"}]}, 400)
     assert error["param"] == "tool_choice"
-    assert "'custom', 'web_search'" in error["message"] and "lark" in error["message"], error
+    assert "'web_search', 'file_search'" in error["message"] and "custom tools" in error["message"], error
     bare = custom.error({"model": "scripted-text", "input": "x", "tool_choice": "required"}, 400)
     assert "no tools were given" in bare["message"]
+
+
+# A small edit format of this project's own, in the manner of Codex's apply_patch, with a
+# finite language (so that a 135M model, held to it, ends): string terminals, rule
+# references, alternatives, a bounded repeat, a regular expression, an imported terminal.
+EDITS_GRAMMAR = r"""
+start: "BEGIN" LF entry ~ 1..2 "END"
+entry: ("add" | "drop") " " FILE LF
+FILE: /[a-z]{1,8}\.txt/
+%import common.LF
+"""
+EDITS = {"type": "custom", "name": "edit_files", "description": "Edit files; one entry a line.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": EDITS_GRAMMAR}}
+
+
+def test_the_embedded_model_is_held_to_a_lark_grammar(custom: Client) -> None:
+    """SmolLM2, forced to call the tool, writes an input of the grammar's language, as
+    lark's own parser of the same grammar judges."""
+    response = custom.create(model=SMOL, input="Add notes.txt please.", tools=[PATCH, EDITS],
+                             tool_choice={"type": "custom", "name": "edit_files"}, max_output_tokens=200)
+    assert response["status"] == "completed", response
+    [call] = _items(response, "custom_tool_call")
+    assert call["name"] == "edit_files"
+    Lark(EDITS_GRAMMAR).parse(call["input"])  # raises if the input is not in the language
+
+
+def test_a_lark_grammar_the_embedded_model_cannot_be_held_to_is_a_400(custom: Client, scripted) -> None:  # type: ignore[no-untyped-def]
+    """Refused naming the tool's grammar, whatever the tool choice; a backend that does
+    not hold the model to it itself (the scripted model, as an upstream) gets the tool."""
+    ahead = {**LARK, "format": {**LARK["format"], "definition": 'start: /a(?=b)/ "b"'}}
+    error = custom.error({"model": SMOL, "input": "x", "tools": [PATCH, ahead]}, 400)
+    assert (error["param"], error["code"]) == ("tools[1].format.definition", "unsupported_grammar")
+    assert "'query'" in error["message"] and "look-ahead" in error["message"]
+    invalid = {**LARK, "format": {**LARK["format"], "definition": "start: (("}}
+    error = custom.error({"model": SMOL, "input": "x", "tools": [invalid]}, 400)
+    assert error["param"] == "tools[0].format.definition" and "not a valid Lark grammar" in error["message"]
+
+    custom.create(model="scripted-text", input="x", tools=[PATCH, ahead])
+    assert [tool.name for tool in scripted.requests[-1].tools] == ["apply_patch", "query"]

@@ -71,6 +71,31 @@ def test_multi_turn_with_resent_history(client: Client) -> None:
     assert output_text(response).strip()
 
 
+CODEX_TURNS = [
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: read-only."}]},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<environment_context/>"}]},
+    {"role": "user", "content": "List the files."},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a.txt"}]},
+    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Sandbox: write."}]},
+    {"role": "system", "content": "Be terse."},
+    {"role": "user", "content": "Now edit a.txt."},
+]
+
+
+def test_developer_and_system_messages_anywhere_in_the_input(client: Client, scripted) -> None:  # type: ignore[no-untyped-def]
+    """Codex's pattern: instructions, then a developer message, user turns, and a
+    developer message (and a system one) after them. Each reaches the model in its place
+    and role, and the embedded model's template takes them."""
+    client.create(model="scripted-text", instructions="You are a coding agent.", input=CODEX_TURNS)
+    seen = [(message.role, message.content) for message in scripted.requests[-1].messages]
+    assert seen == [("system", "You are a coding agent."), ("developer", "Sandbox: read-only."),
+                    ("user", "<environment_context/>"), ("user", "List the files."), ("assistant", "a.txt"),
+                    ("developer", "Sandbox: write."), ("system", "Be terse."), ("user", "Now edit a.txt.")]
+    response = client.create(model=SMOL, instructions="You are a coding agent.", input=CODEX_TURNS,
+                             max_output_tokens=16)
+    assert response["status"] in ("completed", "incomplete") and output_text(response).strip()
+
+
 def test_assistant_phase_is_accepted(client: Client) -> None:
     response = client.create(
         model=SMOL,
@@ -506,5 +531,5 @@ def test_tool_types_the_server_cannot_run_are_left_out_not_refused(client: Clien
          "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
         {"type": "web_search"},
     ])
-    assert [tool["name"] for tool in response["tools"]] == ["lookup"]
-    assert [tool.name for tool in scripted.requests[-1].tools] == ["lookup"]
+    assert [tool["name"] for tool in response["tools"]] == ["lookup"]  # the spec's field: function tools
+    assert [tool.name for tool in scripted.requests[-1].tools] == ["lookup", "apply_patch"]

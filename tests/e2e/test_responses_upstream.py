@@ -18,7 +18,10 @@ from app.backends.base import Delta, Finish, GenerationRequest, TextDelta, ToolC
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
+from app.protocol.tools import custom_parameters
 from tests.client import Client, output_text
+from tests.e2e.test_custom_tools import SUPERSET
+from tests.e2e.test_streamed_ids import assert_ids_kept
 from tests.e2e.test_websocket import Socket
 from tests.live import LiveServer
 from tests.upstream_server import ScriptedUpstream, running_scripted_upstream
@@ -45,6 +48,12 @@ def weather(request: GenerationRequest) -> list[Delta]:
         return [TextDelta(f"It is {outputs[-1]} in Paris."), Finish("stop")]
     return [ToolCallDelta(0, name="get_weather", arguments='{"city":'), ToolCallDelta(0, arguments=' "Paris"}'),
             Finish("tool_calls")]
+
+
+def patcher(request: GenerationRequest) -> list[Delta]:
+    """Calls ``apply_patch`` (a custom tool at the front, a function of one string here)."""
+    return [ToolCallDelta(0, name="apply_patch", arguments='{"input": "*** Begin Patch\\n'),
+            ToolCallDelta(0, arguments='*** End Patch\\n"}'), Finish("tool_calls")]
 
 
 class Recorder:
@@ -83,7 +92,7 @@ PEERS: list[Any] = []
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, list[dict[str, Any]]]]:
     """The second ors: a real server, generating with scripted models."""
-    scripted = ScriptedBackend({"echo": echo, "weather": weather})
+    scripted = ScriptedBackend({"echo": echo, "weather": weather, "patcher": patcher})
     app = create_app(Settings(data_dir=tmp_path_factory.mktemp("upstream-ors"), default_model="echo"),
                      backends=[scripted])
     app.add_middleware(Recorder, bodies=RECORDED, peers=PEERS)
@@ -182,6 +191,28 @@ def test_a_tool_call_round_trip_through_the_replay_gate(front: Client, sent: lis
     kinds = [item["type"] for item in sent[-1]["input"]]
     assert kinds == ["message", "function_call", "function_call_output"]
     assert sent[-1]["input"][1]["call_id"] == sent[-1]["input"][2]["call_id"] == call["call_id"]
+
+
+def test_streamed_ids_and_call_ids_are_the_final_and_stored_ones(front_server: LiveServer,
+                                                                  sent: list[dict[str, Any]]) -> None:
+    """The front names the items and calls itself (the upstream's own ids stay
+    upstream), and a client reads the same ids in the stream, the final response and
+    the stored one; a custom tool (with its Lark grammar, which only the front knows)
+    reaches the upstream as the function of one string, and its call comes back custom."""
+    lark_patch = {"type": "custom", "name": "apply_patch", "description": "Apply a patch.",
+                  "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}}
+    client = Client(front_server.url, spec=SUPERSET)
+    try:
+        for model, tools, kind in (("far/weather", [WEATHER], "function_call"),
+                                   ("far/patcher", [lark_patch], "custom_tool_call")):
+            result = client.stream(model=model, input="Go.", tools=tools)
+            stored = client.http.get(f"/v1/responses/{result.final['id']}").json()
+            assert_ids_kept(result.events, result.final, stored, kind)
+        assert sent[-1]["tools"] == [{"type": "function", "name": "apply_patch", "description": "Apply a patch.",
+                                      "parameters": custom_parameters(None), "strict": True}]
+        assert result.final["output"][0]["input"] == "*** Begin Patch\n*** End Patch\n"
+    finally:
+        client.close()
 
 
 def test_the_websocket_mode_through_the_front(front_server: LiveServer) -> None:

@@ -276,7 +276,10 @@ class LocalBackend(Backend):
             loaded = await self._loaded(entry)
             if len(tokens) >= loaded.context_window:
                 return
-            slot = await loaded.slots.acquire()
+            slot = loaded.slots.try_acquire()
+            if slot is None:
+                log.info("warm-up of %s skipped: every slot is busy", entry.spec.id)
+                return
             try:
                 body = {"prompt": tokens, "n_predict": 0, "cache_prompt": True}
                 async with contextlib.aclosing(loaded.server.complete(body)) as chunks:

@@ -9,16 +9,17 @@ agent's instructions and tools are thousands of tokens: minutes on two cores).
 
 Contract of :class:`WarmUps`:
 
-* :meth:`WarmUps.start` returns at once. A warm-up is best effort: a model that cannot
-  start, a full slot queue or a prompt that does not fit the window ends it, logged; it
-  never fails a response.
+* :meth:`WarmUps.start` returns at once. A warm-up is best effort, and yields to real
+  work: it runs only in a slot that is free at once (it never waits in the model's queue,
+  ahead of a request), and only while no other warm-up of the model evaluates; else it is
+  skipped, as it is when the model cannot start or the prompt does not fit the window
+  (logged). It never fails a response.
 * A generation whose prompt begins with most of a running warm-up's prompt (its first
   :data:`SHARED` part, token for token) waits for that warm-up to end before it takes a
   slot (:meth:`WarmUps.settled`): the same prefix evaluated twice at once, in two slots,
   would cost the CPU twice and be cached no sooner. Once the warm-up's slot is idle,
   llama-server gives the generation the slot (or the host-memory cache entry) holding
   the longest matching prefix.
-* A prompt already being warmed on the same model is not warmed a second time.
 * :meth:`WarmUps.close` cancels the warm-ups in progress (at shutdown).
 """
 
@@ -86,8 +87,9 @@ class WarmUps:
         try:
             tokens = await prompt()
             if any(other.model == warm_up.model and other.prompt.done() and not other.prompt.cancelled()
-                   and other.prompt.result() == tokens for other in self._running):
-                return  # already being warmed
+                   and other.prompt.result() for other in self._running):
+                log.info("warm-up of %s skipped: another one is evaluating", warm_up.model)
+                return
             warm_up.prompt.set_result(tokens)
             await evaluate(tokens)
         except asyncio.CancelledError:

@@ -46,18 +46,20 @@ async def test_a_generation_that_begins_with_a_warm_up_waits_for_it() -> None:
     await asyncio.wait_for(waiting, timeout=10)
 
 
-async def test_the_same_prompt_is_warmed_once_and_failures_stay_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+async def test_one_warm_up_evaluates_at_once_and_failures_stay_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     warm_ups, evaluations = WarmUps(), Evaluations()
     warm_ups.start("m", prompt_of([1, 2, 3]), evaluations)
     warm_ups.start("m", prompt_of([1, 2, 3]), evaluations)
+    warm_ups.start("m", prompt_of([4, 5, 6]), evaluations)
 
     async def broken() -> list[int]:
         raise RuntimeError("no model")
 
     warm_ups.start("m", broken, evaluations)
+    warm_ups.start("n", prompt_of([4, 5, 6]), evaluations)  # another model's
     for _ in range(5):
         await asyncio.sleep(0)
-    assert evaluations.started == [[1, 2, 3]]
+    assert evaluations.started == [[1, 2, 3], [4, 5, 6]]
     assert "warming the prompt cache of m failed" in caplog.text
     await warm_ups.close()  # cancels the one still evaluating
     await asyncio.wait_for(warm_ups.settled("m", [1, 2, 3]), timeout=10)

@@ -161,7 +161,9 @@ class Connection:
             return
         frame = await read_frame(text, size, self.engine.limits)
         if frame.kind is FrameKind.CREATE or frame.kind is FrameKind.INVALID:
-            if (not plain or frame.stream is not None) and (refused := self.streams.refusal(frame.stream)):
+            # a plain frame of the stream without stream_id was let through above
+            refused = None if plain and frame.stream is None else self.streams.refusal(frame.stream)
+            if refused is not None:
                 self.bodies.give_back(size)
                 await self._send(refused.websocket_envelope(), frame.stream)
                 return

@@ -190,7 +190,15 @@ class Settings(BaseSettings):
     ws_max_queued_frames: int = Field(default=4, ge=0)
     """``response.create`` frames that may wait behind a WebSocket connection's running
     turn; one more is dropped and answered at once with an error envelope (429
-    ``too_many_queued_frames``, ``param: "type"``), and the connection stays open."""
+    ``too_many_queued_frames``, ``param: "type"``), and the connection stays open. With
+    ``stream_id``, this many may wait on each stream."""
+    ws_max_streams: int = Field(default=8, ge=1)
+    """Streams (``stream_id``; frames without one are a stream too) of one WebSocket
+    connection that may hold work at once: a response running or frames waiting. A
+    ``response.create`` that would open one more is answered at once with an error
+    envelope (429 ``too_many_streams``, ``param: "stream_id"``). The connection keeps the
+    latest response of this many most recently used streams in memory, for ``store:
+    false`` continuations."""
 
     foreign_items: Literal["reject", "drop"] = "reject"
     """What to do with other implementations' vendor-prefixed input items: ``reject``

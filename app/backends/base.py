@@ -253,6 +253,13 @@ class Backend(abc.ABC):
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Generate; an async generator honouring the contract above."""
 
+    async def warm(self, request: GenerationRequest) -> None:
+        """Start evaluating ``request``'s prompt into the model's prompt cache without
+        generating anything, so that a later request sharing its prefix starts sooner (a
+        WebSocket ``response.create`` with ``generate: false``). Returns at once; the work
+        goes on in the background, best effort, and never raises. Default: nothing to
+        warm (an upstream keeps its own cache)."""
+
     async def check(self, request: GenerationRequest) -> None:
         """Raise ``InvalidRequest`` now for a request the backend will certainly refuse
         (e.g. a schema it cannot enforce), so the client gets a plain 400 before any

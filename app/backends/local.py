@@ -29,6 +29,9 @@ Requests, the contract in full:
 * The prompt is sent as token ids (tokenized once here, with special tokens parsed), with
   ``cache_prompt``: the shared prefix is not evaluated again, and ``cached_tokens`` in the
   usage is llama-server's own count of reused tokens.
+* A warm-up (:meth:`LocalBackend.warm`, a WebSocket ``generate: false``) evaluates a prompt
+  into the cache in the background, in a slot of its own; a generation whose prompt begins
+  with it waits for it, then reuses it (:mod:`app.backends.warm_ups`).
 * Closing the stream (client gone, cancel, shutdown) closes the HTTP response; llama-server
   stops that generation at its next token and the slot is released at once.
 * At ``aclose()`` every slot's KV state is saved under ``ORS_DATA_DIR/kv/<model>/`` and at
@@ -78,6 +81,7 @@ from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
 from app.backends.slots import SlotPool
 from app.backends.toolcalls import tool_call_parser
 from app.backends.vocabulary import Vocabulary
+from app.backends.warm_ups import WarmUps
 from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError
 
 log = logging.getLogger("ors.local")
@@ -189,6 +193,7 @@ class LocalBackend(Backend):
         self._entries = {model: _Entry(LOCAL_MODELS[model]) for model in served}
         for model in self._preload:
             self._entries.setdefault(model, _Entry(LOCAL_MODELS[model]))
+        self._warm_ups = WarmUps()
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=m, owned_by="ors", context_window=self.context_window(m)) for m in self._entries]
@@ -229,6 +234,7 @@ class LocalBackend(Backend):
 
     async def aclose(self) -> None:
         """Stop every model's server, saving its slots' prompt caches first."""
+        await self._warm_ups.close()
         for entry in self._entries.values():
             if entry.loading is not None:
                 with contextlib.suppress(ORSError):
@@ -254,6 +260,36 @@ class LocalBackend(Backend):
             )
         loaded.slots.check()
 
+    async def warm(self, request: GenerationRequest) -> None:
+        """Evaluate the request's prompt into the prompt cache in the background
+        (:mod:`app.backends.warm_ups`); the next generation that begins with it waits
+        for it, then finds it cached."""
+        entry = self._entries.get(request.model)
+        if entry is None or not request.messages:
+            return
+
+        async def prompt() -> list[int]:
+            loaded = await self._loaded(entry)
+            return await asyncio.to_thread(loaded.vocabulary.prompt_tokens, request.messages, request.tools)
+
+        async def evaluate(tokens: list[int]) -> None:
+            loaded = await self._loaded(entry)
+            if len(tokens) >= loaded.context_window:
+                return
+            slot = loaded.slots.try_acquire()
+            if slot is None:
+                log.info("warm-up of %s skipped: every slot is busy", entry.spec.id)
+                return
+            try:
+                body = {"prompt": tokens, "n_predict": 0, "cache_prompt": True}
+                async with contextlib.aclosing(loaded.server.complete(body)) as chunks:
+                    async for _ in chunks:
+                        pass
+            finally:
+                loaded.slots.release(slot)
+
+        self._warm_ups.start(request.model, prompt, evaluate)
+
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         entry = self._entry(request.model)
         loaded = await self._loaded(entry)
@@ -272,6 +308,7 @@ class LocalBackend(Backend):
             yield Finish("length", Usage(input_tokens=len(tokens)))
             return
         reader = CompletionReader(self._output_parser(request, entry.spec), plan)
+        await self._warm_ups.settled(request.model, tokens)
         slot = await loaded.slots.acquire()
         try:
             async with contextlib.aclosing(loaded.server.complete(completion_body(plan, tokens, max_tokens))) as chunks:

@@ -44,6 +44,15 @@ class SlotPool:
         if not self._free and self.waiting >= self.queue:
             raise self._full()
 
+    def try_acquire(self) -> int | None:
+        """A free place at once, or ``None`` (nobody waits for it: for work that may be
+        skipped, such as a warm-up, which must never queue ahead of a request)."""
+        if not self._free or self.waiting:
+            return None
+        slot = min(self._free)
+        self._free.discard(slot)
+        return slot
+
     async def acquire(self) -> int:
         """A place for the caller: a free one, or the next one released. Raises
         ``TooManyRequests`` when the queue is full."""

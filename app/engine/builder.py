@@ -102,6 +102,7 @@ class ResponseBuilder:
         logprobs: bool = False,
         offered: Mapping[str, OfferedFunction] | None = None,
         events: bool = True,
+        empty_message: bool = True,
     ) -> None:
         """``response`` is the initial snapshot (status ``in_progress`` or ``queued``,
         empty output). ``error_events=False`` leaves the ``error`` event out before
@@ -113,7 +114,9 @@ class ResponseBuilder:
         with the function's own ``name`` and its ``namespace``; a custom tool makes a
         ``custom_tool_call`` whose ``input`` is the call's one argument, with no delta
         events (the spec has none for it) between its ``output_item`` events.
-        ``events=False``: nobody reads the events (see the module docstring)."""
+        ``events=False``: nobody reads the events (see the module docstring).
+        ``empty_message=False``: a response that produced nothing completes with no
+        output at all (a warm-up, which asked for none)."""
         if response.status not in _OPEN or response.output:
             raise IllegalTransition("a response starts queued or in_progress, with no output")
         self._response = response
@@ -121,6 +124,7 @@ class ResponseBuilder:
         self._clock = clock
         self._logprobs = logprobs
         self._events = EventMaker(emits=events)
+        self._empty_message = empty_message
         self._items = OutputItems(self._events, logprobs=logprobs, offered=offered or {},
                                   seal_reasoning=seal_reasoning)
         self._started = False
@@ -206,12 +210,13 @@ class ResponseBuilder:
         """The backend finished. ``length`` and ``content_filter`` close the open item as
         ``incomplete`` and end the response ``incomplete``; anything else completes it.
         A response that produced nothing still gets one (empty) assistant message, so
-        clients can rely on a message with ``output_text``."""
+        clients can rely on a message with ``output_text`` (unless ``empty_message`` is
+        off)."""
         incomplete_reason = _INCOMPLETE_REASONS.get(reason)
         if incomplete_reason:
             return self.stop(incomplete_reason, usage)
         self._require_running()
-        if self._items.empty:
+        if self._items.empty and self._empty_message:
             self._items.open_text(ItemType.MESSAGE)
         self._items.close_open(ItemStatus.COMPLETED)
         self._move(ResponseStatus.COMPLETED, output=list(self._items.closed), usage=wire_usage(usage),

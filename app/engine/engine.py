@@ -95,6 +95,9 @@ class Prepared:
     seal_reasoning: Callable[[str], str] | None
     on_recorded: Callable[[list[JSON]], None] | None
     """Called with the output items (stored form) once the end is recorded."""
+    generate: bool = True
+    """``False`` for a warm-up (a WebSocket ``generate: false``): the run asks the model
+    for nothing but to warm its prompt cache, and completes with no output and zero usage."""
 
     def whole_request(self) -> GenerationRequest:
         """The request for a response nobody sees before it ends: the backend may make
@@ -141,8 +144,9 @@ class Engine:
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
 
-    async def _assemble(self, data: Any, history: HistorySource) -> Assembled:
-        """Steps 1 to 4 of the module's list, up to the context before it is fitted."""
+    async def _assemble(self, data: Any, history: HistorySource, *, require_input: bool = True) -> Assembled:
+        """Steps 1 to 4 of the module's list, up to the context before it is fitted
+        (``require_input``: a request that gives the model nothing is a 400)."""
         if not isinstance(data, dict):
             raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
         check_counts(data, self.limits)
@@ -188,7 +192,7 @@ class Engine:
             if isinstance(item, CompactionParam):
                 check_compaction(sealed, item, f"input[{index}]")
         messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
-        if not messages:
+        if not messages and require_input:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tool_specs(body),
                          trigger)
@@ -219,10 +223,12 @@ class Engine:
                 code="unsupported_model", param="model")
         return counted
 
-    async def prepare(self, data: Any, *, tenant: str, history: HistorySource) -> Prepared:
+    async def prepare(self, data: Any, *, tenant: str, history: HistorySource, generate: bool = True) -> Prepared:
         """Check the request (a decoded JSON body) and assemble the model's context; raise
-        before any stream (the order: the module's list)."""
-        assembled = await self._assemble(data, history)
+        before any stream (the order: the module's list). ``generate=False`` prepares a
+        warm-up (:attr:`Prepared.generate`): it may hold no input (its tools alone, say),
+        and the backend is not asked to check it, since nothing will be generated."""
+        assembled = await self._assemble(data, history, require_input=generate)
         body, requested, backend = assembled.body, assembled.requested, assembled.backend
         past, new_items, sealed = assembled.past, assembled.new_items, assembled.sealed
         if assembled.trigger is not None:
@@ -232,6 +238,7 @@ class Engine:
                                          truncation=body.truncation or "disabled",
                                          max_output_tokens=body.max_output_tokens)
             request = generation_request(body, assembled.model, messages, assembled.tools)
+        if generate:
             await backend.check(request)
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
@@ -272,6 +279,7 @@ class Engine:
             offered={f.name: f for f in body.function_tools if f.namespace or f.custom},
             seal_reasoning=reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             on_recorded=on_recorded,
+            generate=generate,
         )
 
     def _compaction_turn(self, assembled: Assembled) -> tuple[Backend, GenerationRequest]:

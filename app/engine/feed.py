@@ -12,6 +12,10 @@ it cancels the pump (which closes the backend's stream: generation stops even wh
 nobody reads), and :meth:`Feed.next` returns it before anything still queued. A
 consumer blocked on an empty queue is woken by :data:`WAKE`, put only when there is
 room (a queue that holds anything does not block its consumer).
+
+A warm-up's feed (``warm_only``) asks the backend only to warm its prompt cache
+(:meth:`~app.backends.base.Backend.warm`, which returns at once), then queues a
+``Finish`` with zero usage: the response completes with no output.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from app.backends.base import (
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
+    Usage,
 )
 from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.tools import ToolCallGuard, enforce_tool_policy
@@ -66,12 +71,13 @@ class Feed:
     """The output of one backend stream (see the module docstring). :meth:`start` it
     once; :meth:`stop` it to end the stream and wait until it is closed."""
 
-    __slots__ = ("backend", "request", "name", "control", "_queue", "_pump")
+    __slots__ = ("backend", "request", "name", "warm_only", "control", "_queue", "_pump")
 
-    def __init__(self, backend: Backend, request: GenerationRequest, *, name: str) -> None:
+    def __init__(self, backend: Backend, request: GenerationRequest, *, name: str, warm_only: bool = False) -> None:
         self.backend = backend
         self.request = request
         self.name = name
+        self.warm_only = warm_only
         self.control: Signal | None = None
         """The first signal, once one came."""
         self._queue: asyncio.Queue[object] = asyncio.Queue(QUEUE_SIZE)
@@ -142,6 +148,11 @@ class Feed:
         one the policy runs as a generator below the format's check."""
         request = self.request
         queue = self._queue
+        if self.warm_only:
+            await self.backend.warm(request)
+            await queue.put(Finish("stop", Usage()))
+            await queue.put(END)
+            return
         source = self.backend.stream(request)
         guard: ToolCallGuard | None = None
         stream: AsyncIterator[Delta]

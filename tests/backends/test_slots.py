@@ -68,3 +68,16 @@ async def test_a_slot_handed_to_a_waiter_cancelled_at_that_moment_is_passed_back
         await waiter
     assert pool.busy == 0
     assert await pool.acquire() == 0
+
+
+async def test_a_place_tried_for_is_taken_only_when_free_and_nobody_waits() -> None:
+    pool = SlotPool(2, queue=2)
+    assert pool.try_acquire() == 0
+    held = await pool.acquire()
+    assert pool.try_acquire() is None  # none free
+    waiter = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0)
+    pool.release(held)  # goes to the waiter, not to whoever tries
+    assert await waiter == held and pool.try_acquire() is None
+    pool.release(held)
+    assert pool.try_acquire() == held

@@ -166,13 +166,20 @@ def test_unknown_previous_response(socket: Socket) -> None:
     assert error["error"]["param"] == "previous_response_id"
 
 
-@pytest.mark.parametrize("field", ["stream", "background", "stream_options"])
-def test_transport_fields_are_rejected(socket: Socket, field: str) -> None:
-    socket.send(model="scripted-text", input="x", **{field: True if field != "stream_options" else {}})
+@pytest.mark.parametrize(("field", "value"), [("stream", False), ("background", True), ("stream_options", {})])
+def test_transport_fields_are_rejected(socket: Socket, field: str, value: Any) -> None:
+    socket.send(model="scripted-text", input="x", **{field: value})
     _, error = socket.turn()
     assert error["status"] == 400 and error["error"]["param"] == field
     socket.send(model="scripted-text", input="still usable")
     assert socket.turn()[1]["status"] == "completed"
+
+
+def test_transport_fields_that_agree_are_accepted(socket: Socket) -> None:
+    """Codex sends ``stream: true`` in every frame: what a WebSocket turn does anyway."""
+    socket.send(model="scripted-text", input="x", stream=True, background=False, stream_options=None)
+    _, final = socket.turn()
+    assert final["status"] == "completed" and final["background"] is False
 
 
 def test_bad_frames_get_errors_and_the_socket_stays_open(socket: Socket) -> None:

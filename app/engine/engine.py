@@ -26,12 +26,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import Backend, GenerationRequest, ToolPolicy, ToolSpec
+from app.backends.base import Backend, GenerationRequest, ToolPolicy
 from app.engine import ids
 from app.engine.assembly import (
     Assembled,
@@ -56,6 +57,7 @@ from app.engine.live import LiveRuns
 from app.engine.models import ModelRouter
 from app.engine.run import Run
 from app.engine.sealing import Sealer
+from app.engine.tool_search import ToolSearchLimits, ToolSurface, check_choice, check_loaded, tool_surface
 from app.engine.truncation import fit_context
 from app.engine.validation import parse_body
 from app.errors import InvalidRequest
@@ -94,6 +96,9 @@ class Prepared:
     seal_reasoning: Callable[[str], str] | None
     on_recorded: Callable[[list[JSON]], None] | None
     """Called with the output items (stored form) once the end is recorded."""
+    surface: ToolSurface | None = None
+    """The request's tool search, or tools a search loaded earlier in its context;
+    ``None`` for a request with neither."""
 
     def whole_request(self) -> GenerationRequest:
         """The request for a response nobody sees before it ends: the backend may make
@@ -117,6 +122,7 @@ class Engine:
         gate_unknown_tool: UnknownToolPolicy = "accept",
         max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
         limits: RequestLimits = RequestLimits(),
+        tool_search: ToolSearchLimits = ToolSearchLimits(),
     ) -> None:
         """Everything the engine works with is given here, and never replaced: the
         response store (``None``: nothing is stored), the sealer of encrypted content
@@ -139,6 +145,8 @@ class Engine:
         """The largest image a data URL may carry, decoded."""
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
+        self.tool_search = tool_search
+        """What one server-run tool search may load, and how many one response may make."""
 
     async def _assemble(self, data: Any, history: HistorySource) -> Assembled:
         """Steps 1 to 4 of the module's list, up to the context before it is fitted."""
@@ -166,6 +174,8 @@ class Engine:
             self.metrics.gate_rejections.labels(refused.code or "invalid_request").inc()
             raise
         body = parse_body(CreateResponseBody, data)
+        if isinstance(body.input, list):
+            check_loaded(body.input)
         trigger = trigger_index(body)
         await check_images(body.input, max_bytes=self.max_image_bytes)
         requested = body.model or self.router.default_model
@@ -189,11 +199,11 @@ class Engine:
         messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
-        tools = tuple(
-            ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict)
-            for f in body.function_tools
-        )
-        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tools, trigger)
+        surface = tool_surface(body, itertools.chain(past.items, new_items), hosts_search=backend.hosts_tool_search,
+                               limits=self.tool_search, schema_limits=self.limits.schema)
+        check_choice(body, surface)
+        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
+                         surface)
 
     async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given
@@ -227,13 +237,14 @@ class Engine:
         assembled = await self._assemble(data, history)
         body, requested, backend = assembled.body, assembled.requested, assembled.backend
         past, new_items, sealed = assembled.past, assembled.new_items, assembled.sealed
+        surface = assembled.surface if assembled.trigger is None else None
         if assembled.trigger is not None:
             backend, request = self._compaction_turn(assembled)
         else:
             messages = await fit_context(backend, assembled.model, assembled.messages, assembled.tools,
                                          truncation=body.truncation or "disabled",
                                          max_output_tokens=body.max_output_tokens)
-            request = generation_request(body, assembled.model, messages, assembled.tools)
+            request = generation_request(body, assembled.model, messages, assembled.tools, assembled.surface)
             await backend.check(request)
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
@@ -271,9 +282,10 @@ class Engine:
             store=self.store if stores else None,
             tools=tools_json,
             input_items=inputs_stored,
-            offered={f.name: f for f in body.function_tools if f.namespace or f.custom},
+            offered=surface.offered if surface is not None else {},
             seal_reasoning=reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             on_recorded=on_recorded,
+            surface=surface if surface is not None and (surface.searches or surface.late_tools) else None,
         )
 
     def _compaction_turn(self, assembled: Assembled) -> tuple[Backend, GenerationRequest]:

@@ -111,7 +111,7 @@ class Run:
             events=delivery.streams,
         )
         self._feed = Feed(prepared.backend, prepared.request if delivery.streams else prepared.whole_request(),
-                          name=f"backend-{self.id}")
+                          name=f"backend-{self.id}", surface=prepared.surface)
         self.log = EventLog(keep=prepared.store is not None and delivery.streams)
         self._recording = None if prepared.store is None else Recording(
             prepared.store, tenant=self.tenant, response_id=self.id, tools=prepared.tools,

@@ -134,6 +134,9 @@ def _as_before(request: GenerationRequest) -> dict[str, Any]:
 def test_the_embedded_engine_is_asked_the_same(front: Client) -> None:
     front.create(model="recorded", **REQUEST)
     assert _digest(_as_before(SEEN[-1])) == EMBEDDED_SHA256, json.dumps(_as_before(SEEN[-1]))
+    # and nothing of tool search rides along: no loaded tools, no search, no search items
+    assert (SEEN[-1].late_tools, SEEN[-1].tool_search) == ((), None)
+    assert not any(m.loaded or any(c.tool_search for c in m.tool_calls) for m in SEEN[-1].messages)
 
 
 @pytest.mark.model

@@ -434,11 +434,13 @@ def check_stream(
     expect_done: bool = True,
     transport: Literal["sse", "websocket"] = "sse",
     validate_schemas: bool = True,
+    spec: Spec | None = None,
 ) -> dict[str, Any]:
     """Check a complete list of events and return the final ``ResponseResource``.
 
     ``events`` holds event objects and, with ``expect_done``, ends with the ``"[DONE]"``
-    sentinel string; without it (a WebSocket turn) the sentinel must not appear.
+    sentinel string; without it (a WebSocket turn) the sentinel must not appear. ``spec``:
+    what the events are judged by (the vendored spec by default).
     """
     items = list(events)
     if expect_done:
@@ -448,7 +450,7 @@ def check_stream(
     if DONE_SENTINEL in items:
         where = "before the end of the stream" if expect_done else "on this transport"
         raise ConformanceError(f"[DONE] appears {where}")
-    checker = StreamChecker(transport=transport, validate_schemas=validate_schemas)
+    checker = StreamChecker(transport=transport, validate_schemas=validate_schemas, spec=spec)
     for event in items:
         checker.feed(event)
     return checker.finish()

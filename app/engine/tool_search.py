@@ -24,7 +24,8 @@ search and the deferred tools instead, as they came (``GenerationRequest.tool_se
 **The search** (:class:`Catalog`): BM25 (k1 1.2, b 0.75) over the deferred functions, each
 a document of its flat name, its own name, its namespace's name and description, its
 description and its parameters' names and descriptions (the names counted twice); terms
-are runs of ASCII letters and digits, lowercased, a plural ``s`` dropped. The best
+are runs of ASCII letters and digits, lowercased, common English words (``a``, ``the``,
+``to``...) left out, a plural ``s`` dropped. The best
 ``limit`` functions with a positive score, ties in the request's order. Functions of one
 namespace are loaded as that namespace holding just them (:func:`loadable`).
 
@@ -308,13 +309,17 @@ def loadable(functions: Sequence[OfferedFunction]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the ranking
 
 _TERM = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset(
+    "a an and are as at be by can do for from how i in is it me my of on or that the this to use want we what "
+    "with you your".split())
 K1, B = 1.2, 0.75
 
 
 def terms(text: str) -> list[str]:
-    """Lowercased runs of ASCII letters and digits, a plural ``s`` dropped."""
+    """Lowercased runs of ASCII letters and digits, common English words left out, a
+    plural ``s`` dropped."""
     return [word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
-            for word in _TERM.findall(text.lower())]
+            for word in _TERM.findall(text.lower()) if word not in _STOPWORDS]
 
 
 def _document(function: OfferedFunction) -> list[str]:

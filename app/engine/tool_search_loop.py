@@ -61,6 +61,7 @@ async def searching(backend: Backend, request: GenerationRequest, surface: ToolS
     used: Usage | None = None
     searched = 0
     offset = 0
+    budget = request.sampling.max_output_tokens
     while True:
         held: dict[int, list[ToolCallDelta]] = {}
         passed: set[int] = set()
@@ -85,7 +86,6 @@ async def searching(backend: Backend, request: GenerationRequest, surface: ToolS
                         thought.append(delta.text)
                     yield delta
         used = _added(used, finish.usage)
-        budget = request.sampling.max_output_tokens
         if not held or finish.reason in _BUDGET_STOPS or searched >= surface.limits.rounds:
             if held and finish.reason not in _BUDGET_STOPS:
                 log.warning("did not run a tool search of model %s: %d searches were made in this response",

@@ -107,8 +107,8 @@ class ResponsesUpstreamBackend(HttpUpstream):
         self.hold_text = hold_text
         self.hosts_tool_search = native_tool_search
         self._input_json = MessageJson(
-            lambda message: ",".join(dumps(item) for item in input_items((message,),
-                                                                         replay_reasoning=self.replay_reasoning)))
+            lambda message: ",".join(dumps(item) for item in input_items(
+                (message,), replay_reasoning=self.replay_reasoning, searches=self.hosts_tool_search)))
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream one upstream response as deltas, ending with exactly one ``Finish`` (see
@@ -134,7 +134,8 @@ class ResponsesUpstreamBackend(HttpUpstream):
         (which :meth:`stream` splices in)."""
         body: dict[str, Any] = {"model": request.model}
         if input:
-            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning)
+            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning,
+                                        searches=self.hosts_tool_search)
         body |= {"stream": request.incremental, "store": False}
         search = request.tool_search
         if request.tools or request.late_tools or search is not None:
@@ -170,11 +171,14 @@ class ResponsesUpstreamBackend(HttpUpstream):
         return body
 
 
-def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False) -> list[dict[str, Any]]:
-    """The conversation as Responses input items (see the module docstring)."""
+def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False,
+                searches: bool = False) -> list[dict[str, Any]]:
+    """The conversation as Responses input items (see the module docstring); with
+    ``searches``, tool searches as the upstream's own search items, else as calls of the
+    search function."""
     items: list[dict[str, Any]] = []
     for message in messages:
-        if message.role == "tool" and message.loaded is not None:
+        if message.role == "tool" and message.loaded is not None and searches:
             items.append({"type": ItemType.TOOL_SEARCH_OUTPUT, "call_id": message.tool_call_id or "",
                           "execution": message.loaded.execution,
                           "tools": [_tool(spec) for spec in message.loaded.tools]})
@@ -195,12 +199,12 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
                 if message.phase is not None:
                     said["phase"] = message.phase
                 items.append(said)
-            items += [_call(call) for call in message.tool_calls]
+            items += [_call(call, searches) for call in message.tool_calls]
     return items
 
 
-def _call(call: ToolCall) -> dict[str, Any]:
-    if call.tool_search is not None:
+def _call(call: ToolCall, searches: bool) -> dict[str, Any]:
+    if call.tool_search is not None and searches:
         try:
             arguments = json.loads(call.arguments)
         except ValueError:

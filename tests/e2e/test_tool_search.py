@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.backends.base import Delta, Finish, GenerationRequest, TextDelta, ToolCallDelta, Usage
+from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.scripted import ScriptedBackend
+from app.backends.vocabulary import Vocabulary
 from app.config import Settings
 from app.main import create_app
 from compliance import StreamChecker
 from tests.client import Client
+from tests.conftest import SMOL
 from tests.e2e.test_websocket import Socket
 from tests.live import LiveServer
 from tests.superset import tool_search_spec
@@ -78,7 +82,7 @@ SCRIPTED = ScriptedBackend({"finder": finder, "greedy": greedy, "searches-and-ca
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def search_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     settings = Settings(data_dir=tmp_path_factory.mktemp("tool-search"), default_model="finder",
                         tool_search_results=2)
     server = LiveServer(create_app(settings, backends=[SCRIPTED])).start()
@@ -87,8 +91,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 
 
 @pytest.fixture()
-def client(server: LiveServer) -> Iterator[Client]:
-    client = Client(server.url, spec=tool_search_spec())
+def client(search_server: LiveServer) -> Iterator[Client]:
+    client = Client(search_server.url, spec=tool_search_spec())
     yield client
     client.close()
 
@@ -197,8 +201,8 @@ def test_a_streamed_search_has_its_item_events(client: Client) -> None:
                                                                  "tool_search_output", "function_call"]
 
 
-def test_a_search_over_websocket(server: LiveServer) -> None:
-    socket = Socket(server.url.replace("http://", "ws://") + "/v1/responses")
+def test_a_search_over_websocket(search_server: LiveServer) -> None:
+    socket = Socket(search_server.url.replace("http://", "ws://") + "/v1/responses")
     try:
         socket.send(input="weather forecast", tools=TOOLS)
         checker = StreamChecker(transport="websocket", spec=tool_search_spec())
@@ -241,6 +245,46 @@ def test_search_items_sent_back_as_input_are_listed(client: Client) -> None:
     assert [item["type"] for item in listed] == ["message", "message", "tool_search_call", "tool_search_output",
                                                  "function_call", "function_call_output"]
     assert listed[3]["tools"] == [WEATHER] and listed[3]["call_id"] == listed[2]["call_id"]
+
+
+@pytest.mark.model
+def test_the_second_rounds_prompt_extends_the_first(client: Client, model_dir: Path) -> None:
+    """Rendered by SmolLM2's own chat template, the prompt of the round after a search is
+    the first round's prompt, character for character, and then more: the loaded tool
+    changes nothing before it, so the model's cached prefix is used again."""
+    client.create(input="weather forecast", tools=TOOLS, instructions="Be brief.")
+    first, second = _rounds(2)
+    vocabulary = Vocabulary(LOCAL_MODELS[SMOL], ModelFiles(model_dir).path(SMOL))
+    try:
+        before, after = (vocabulary.prompt(round.messages, round.tools) for round in (first, second))
+    finally:
+        vocabulary.close()
+    assert after.startswith(before) and len(after) > len(before)
+    assert '"name": "get_weather"' not in before and '"name": "get_weather"' in after[len(before):]
+
+
+def test_the_embedded_model_searches_and_goes_on(server: LiveServer) -> None:
+    """SmolLM2 made to search (``allowed_tools``, mode ``required``: the search is all it
+    can call until it has loaded something): the search runs here, its items stream,
+    and the model gets a second round in the same response, whose prompt begins with
+    the first round's: llama-server reuses all of it (the response's cached tokens are at
+    least the first round's prompt, which nothing before this test shared)."""
+    client = Client(server.url, spec=tool_search_spec())
+    body = {"model": SMOL, "input": "Find the weather tool and get the weather in Paris.", "tools": [WEATHER, SEARCH],
+            "tool_choice": {"type": "allowed_tools", "mode": "required",
+                            "tools": [{"type": "function", "name": "tool_search"},
+                                      {"type": "function", "name": "get_weather"}]},
+            "temperature": 0, "max_output_tokens": 96}
+    first_round = client.http.post("/v1/responses/input_tokens", json=body).json()["input_tokens"]
+    result = client.stream(**body)
+    final = result.final
+    call, output, *rest = final["output"]
+    assert (call["type"], call["execution"], output["type"]) == ("tool_search_call", "server", "tool_search_output")
+    assert output["call_id"] == call["call_id"] and isinstance(call["arguments"], dict)
+    assert final["status"] in ("completed", "incomplete")
+    assert final["usage"]["input_tokens"] > first_round
+    assert final["usage"]["input_tokens_details"]["cached_tokens"] >= first_round - 1
+    client.close()
 
 
 # ---------------------------------------------------------------- a search the client runs

@@ -199,8 +199,9 @@ class Engine:
         messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
         if not messages:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
-        surface = tool_surface(body, itertools.chain(past.items, new_items), hosts_search=backend.hosts_tool_search,
-                               limits=self.tool_search, schema_limits=self.limits.schema)
+        surface = tool_surface(body, itertools.chain(past.search_outputs(), new_items),
+                               hosts_search=backend.hosts_tool_search, limits=self.tool_search,
+                               schema_limits=self.limits.schema)
         check_choice(body, surface)
         return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
                          surface)

@@ -10,8 +10,10 @@ HTTP error or a WebSocket error envelope):
    validation errors;
 3. the body is validated into protocol models; the model id is resolved;
 4. input items are checked (images, extension items, compaction blobs, the place of a
-   ``compaction_trigger``) and the context is assembled, then fitted to the model's
-   window (``truncation``);
+   ``compaction_trigger``, the tools a ``tool_search_output`` loads), the tools are
+   sorted into what the model is shown and what a tool search may load
+   (:mod:`app.engine.tool_search`), and the context is assembled, then fitted to the
+   model's window (``truncation``);
 5. the backend checks what it can refuse now (e.g. a schema it cannot enforce).
 
 A compaction turn (a ``compaction_trigger`` ends the input) skips 4's fitting and 5: its

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from app.backends.base import HostedToolSearch, ToolSearchExecution, ToolSpec
 from app.engine.validation import to_invalid_request
@@ -130,8 +130,11 @@ def _deferred_at(tool: object) -> str | None:
 _LOADED: TypeAdapter[Any] = TypeAdapter(ToolParam)
 
 
-class _Tools(CreateResponseBody):
+class _Tools(BaseModel):
     """The ``tools`` of a ``tool_search_output``, parsed as a request's are."""
+
+    model_config = ConfigDict(extra="forbid")
+    tools: list[ToolParam]
 
 
 def check_loaded(items: Sequence[object]) -> None:

@@ -17,6 +17,7 @@ from app.engine.limits import (
     DEFAULT_MAX_TOOLS,
     RequestLimits,
 )
+from app.engine.tool_search import DEFAULT_RESULTS, DEFAULT_ROUNDS, ToolSearchLimits
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, SchemaLimits
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
@@ -209,6 +210,12 @@ class Settings(BaseSettings):
     or refuse it (400 ``unknown_tool``)."""
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
     """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
+    tool_search_results: int = Field(default=DEFAULT_RESULTS, ge=1, le=100)
+    """Deferred tools one tool search run by this server loads at most (the model may ask
+    for fewer with the search's ``limit``)."""
+    tool_search_rounds: int = Field(default=DEFAULT_ROUNDS, ge=1, le=100)
+    """Tool searches run by this server within one response; a further search the model
+    asks for is not run (logged) and the response ends there."""
 
     # Request limits: each exceeded one is a 400 that names the limit and the param.
     max_json_depth: int = Field(default=DEFAULT_MAX_JSON_DEPTH, ge=8)
@@ -244,6 +251,9 @@ class Settings(BaseSettings):
     ``message``, ``request_id``). Every request's id (the client's ``x-request-id``, or a
     new one) is returned as ``x-request-id`` and carried by its log lines; user text and
     keys are never logged."""
+
+    def tool_search_limits(self) -> ToolSearchLimits:
+        return ToolSearchLimits(results=self.tool_search_results, rounds=self.tool_search_rounds)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

@@ -167,6 +167,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,
         limits=settings.request_limits(),
+        tool_search=settings.tool_search_limits(),
     )
     drain = Drain()
     limiter = rate_limiter(rpm=settings.rate_limit_rpm, concurrent=settings.rate_limit_concurrent,

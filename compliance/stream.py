@@ -14,7 +14,8 @@ final ``ResponseResource``. The rules:
   ``completed`` or ``incomplete``) closes it before the next one opens; no event refers
   to an item after its ``done``; ``item_id`` always names the item; an added item carries
   zero values (a message no content, a function call no arguments, a reasoning item no
-  summary, a compaction item ``encrypted_content: ""``);
+  summary, a compaction item ``encrypted_content: ""``; of OpenAI's superset items, a
+  ``tool_search_call`` ``arguments: {}``, a ``tool_search_output`` ``tools: []``);
 - content parts (and reasoning summary parts) open and close one at a time with
   indexes 0, 1, 2...: ``*.added`` with a zero-value part, deltas of the part's own kind,
   one ``*.done`` whose text equals the concatenated deltas, then ``*.part.done`` whose
@@ -307,7 +308,8 @@ class StreamChecker:
         _require(all(other.id != item["id"] for other in self.items), "$.item.id",
                  f"item id {item['id']!r} was already used")
         zero_values = {"message": {"content": []}, "function_call": {"arguments": ""}, "reasoning": {"summary": []},
-                       "compaction": {"encrypted_content": ""}}
+                       "compaction": {"encrypted_content": ""}, "tool_search_call": {"arguments": {}},
+                       "tool_search_output": {"tools": []}}
         for name, zero in zero_values.get(item["type"], {}).items():
             _require(item[name] == zero, f"$.item.{name}", f"an added {item['type']} must carry {name}: {zero!r}")
         if item["type"] == "reasoning":
@@ -432,11 +434,13 @@ def check_stream(
     expect_done: bool = True,
     transport: Literal["sse", "websocket"] = "sse",
     validate_schemas: bool = True,
+    spec: Spec | None = None,
 ) -> dict[str, Any]:
     """Check a complete list of events and return the final ``ResponseResource``.
 
     ``events`` holds event objects and, with ``expect_done``, ends with the ``"[DONE]"``
-    sentinel string; without it (a WebSocket turn) the sentinel must not appear.
+    sentinel string; without it (a WebSocket turn) the sentinel must not appear. ``spec``:
+    what the events are judged by (the vendored spec by default).
     """
     items = list(events)
     if expect_done:
@@ -446,7 +450,7 @@ def check_stream(
     if DONE_SENTINEL in items:
         where = "before the end of the stream" if expect_done else "on this transport"
         raise ConformanceError(f"[DONE] appears {where}")
-    checker = StreamChecker(transport=transport, validate_schemas=validate_schemas)
+    checker = StreamChecker(transport=transport, validate_schemas=validate_schemas, spec=spec)
     for event in items:
         checker.feed(event)
     return checker.finish()

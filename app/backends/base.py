@@ -6,6 +6,9 @@ sampling and tool settings) and yields a stream of normalized deltas:
     TextDelta        visible assistant text (with its tokens' logprobs when asked)
     ReasoningDelta   raw reasoning text (never shown as output_text)
     ToolCallDelta    a piece of a function call; calls are told apart by ``index``
+    ToolSearchCallDelta, ToolSearchOutputDelta  a whole tool search and what it loaded
+                     (the engine's hosted search makes them; so does an upstream that
+                     hosts tool search itself, ``Backend.hosts_tool_search``)
     CompactionDelta  a whole compaction item's sealed content (only a compaction turn
                      makes it: the engine's, from a model's summary; never a model backend)
     Finish           exactly once, last: why generation stopped, and token usage
@@ -37,6 +40,7 @@ from typing import Any, Literal
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
+ToolSearchExecution = Literal["server", "client"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,8 @@ class ToolCall:
     call_id: str
     name: str
     arguments: str
+    tool_search: ToolSearchExecution | None = None
+    """Set when the call is a tool search (``tool_search_call``): how it was executed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,10 @@ class ChatMessage:
     """Assistant reasoning restored from an earlier turn, if any."""
     phase: str | None = None
     """Assistant ``phase`` label (``commentary`` / ``final_answer``), kept for upstreams."""
+    loaded: ToolSearchResult | None = None
+    """For a tool message that answers a tool search (``tool_search_output``): what it
+    loaded. ``content`` describes the tools to a model; an upstream that hosts tool
+    search sends the item itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +94,27 @@ class ToolSpec:
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     grammar: TextGrammar | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSearchResult:
+    """The tools a tool search loaded, as functions under their flat names."""
+
+    tools: tuple[ToolSpec, ...]
+    execution: ToolSearchExecution = "server"
+
+
+@dataclass(frozen=True, slots=True)
+class HostedToolSearch:
+    """A request's tool search, for a backend that hosts tool search itself
+    (``Backend.hosts_tool_search``): sent as OpenAI's ``tool_search`` tool, with the
+    ``deferred`` functions offered as ``defer_loading`` tools. ``description`` and
+    ``parameters`` are a client-executed search's own."""
+
+    execution: ToolSearchExecution
+    deferred: tuple[ToolSpec, ...] = ()
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +172,14 @@ class GenerationRequest:
     cache_key: str | None = None
     """The request's ``prompt_cache_key``: requests that share one are likely to share a
     prompt prefix, so a backend with a prompt cache may route them together."""
+    late_tools: tuple[ToolSpec, ...] = ()
+    """Tools a tool search loaded (``ChatMessage.loaded``), callable like ``tools``. A
+    backend that renders tools into its prompt shows these only where the conversation
+    loaded them, never beside ``tools``, so the prompt before that point stays the same;
+    one that sends a tool list sends them after ``tools``."""
+    tool_search: HostedToolSearch | None = None
+    """Set only for a backend that hosts tool search itself (see ``HostedToolSearch``);
+    any other gets the engine's search as a function in ``tools``."""
     incremental: bool = True
     """Whether the output is wanted as it is made. ``False`` for a response nobody sees
     before it ends (a plain JSON answer): a backend may then produce it in one piece, as
@@ -185,6 +224,27 @@ class ToolCallDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolSearchCallDelta:
+    """A whole tool search the model made (``tool_search_call``): its ``arguments``, and
+    whether the server ran it (``server``: a ``ToolSearchOutputDelta`` follows) or the
+    client is to (``client``)."""
+
+    call_id: str | None
+    arguments: dict[str, Any]
+    execution: ToolSearchExecution = "server"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSearchOutputDelta:
+    """What a search loaded (``tool_search_output``): the flat names of the functions,
+    callable from here on."""
+
+    call_id: str | None
+    names: tuple[str, ...]
+    execution: ToolSearchExecution = "server"
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionDelta:
     """The one output of a compaction turn: a ``compaction`` item's ``encrypted_content``
     (the summary, sealed). Made by the engine's compaction (``app.engine.compaction_turn``)."""
@@ -206,7 +266,8 @@ class Finish:
     usage: Usage | None = None
 
 
-Delta = TextDelta | ReasoningDelta | ToolCallDelta | CompactionDelta | Finish
+Delta = (TextDelta | ReasoningDelta | ToolCallDelta | ToolSearchCallDelta | ToolSearchOutputDelta | CompactionDelta
+         | Finish)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +293,12 @@ class ModelGauges:
 
 class Backend(abc.ABC):
     """A source of model output. See the module docstring for the stream contract."""
+
+    hosts_tool_search: bool = False
+    """Whether a request's tool search goes to this backend as it came
+    (``GenerationRequest.tool_search``), which runs it or hands it to the client and
+    reports it as ``ToolSearchCallDelta``/``ToolSearchOutputDelta``; otherwise the
+    engine runs it, offering the model a search function."""
 
     @abc.abstractmethod
     def models(self) -> list[ModelInfo]:

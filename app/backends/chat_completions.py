@@ -149,7 +149,7 @@ class ChatCompletionsBackend(HttpUpstream):
         return self.deltas(
             PATH, self._body(payload, request.messages), stream=payload["stream"],
             decoder=lambda: ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs),
-            refused=refused, back=names_back(request.tools), finished=finished)
+            refused=refused, back=names_back((*request.tools, *request.late_tools)), finished=finished)
 
     def payload(self, request: GenerationRequest, *, messages: bool = True) -> dict[str, Any]:
         """The Chat Completions request body for ``request`` (streaming unless the
@@ -162,10 +162,12 @@ class ChatCompletionsBackend(HttpUpstream):
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         else:
             body["stream"] = False
-        if request.tools:
+        if request.tools or request.late_tools:
             # Every tool stays visible (a stable prompt prefix); ``allowed`` is enforced downstream.
-            body["tools"] = [_tool(spec) for spec in request.tools]
-            choice = _tool_choice(request.tool_policy, request.tools)
+            # Tools a search loaded come last, so the list before them stays the same.
+            tools = (*request.tools, *request.late_tools) if request.late_tools else request.tools
+            body["tools"] = [_tool(spec) for spec in tools]
+            choice = _tool_choice(request.tool_policy, tools)
             if choice is not None:
                 body["tool_choice"] = choice
             if not request.tool_policy.parallel:

@@ -329,7 +329,7 @@ class LocalBackend(Backend):
         """The request's :func:`~app.backends.local_completion.make_plan`, in a worker thread
         when it converts a schema into a grammar (CPU work that grows with the schema),
         inline otherwise."""
-        if request.tools or request.output_format.kind != "text":
+        if request.tools or request.late_tools or request.output_format.kind != "text":
             return await asyncio.to_thread(make_plan, request, model.spec, model.vocabulary)
         return make_plan(request, model.spec, model.vocabulary)
 

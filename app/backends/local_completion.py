@@ -94,8 +94,9 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
     ``InvalidRequest`` for one that cannot be."""
     chosen = request.sampling
     defaults = spec.sampling
-    check_text_grammars(request.tools)
-    grammar, source = tool_call_grammar(request.tools, request.tool_policy, vocabulary.call_shape), "tools"
+    callable_tools = (*request.tools, *request.late_tools) if request.late_tools else request.tools
+    check_text_grammars(callable_tools)
+    grammar, source = tool_call_grammar(callable_tools, request.tool_policy, vocabulary.call_shape), "tools"
     if grammar is None:
         grammar, source = output_grammar(request.output_format), "text.format.schema"
     if grammar is not None:

@@ -31,6 +31,12 @@ event's ``output``), its final text is compared with what was streamed for it:
   dialect option ``hold_text``: text and reasoning are then held until each item's final
   form and only that is sent, so the final items always win (at the cost of live text).
 
+An upstream's tool search (``tool_search_call``, ``tool_search_output``: see
+:mod:`app.backends.responses_upstream`) is read from its final items only, into a
+``ToolSearchCallDelta`` and a ``ToolSearchOutputDelta`` (the names of the function tools
+it loaded; other kinds of tools are dropped with a log line); a client-run search counts
+as a call.
+
 Function calls are always held until their final form, which wins (name, ``call_id``,
 arguments): a call is short, useless to the client before it is whole, and the item a
 tool call's correctness depends on. A final item of a kind the builder does not make
@@ -54,6 +60,8 @@ from app.backends.base import (
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
+    ToolSearchCallDelta,
+    ToolSearchOutputDelta,
     Usage,
 )
 from app.backends.chat_errors import json_object
@@ -228,6 +236,8 @@ class ResponsesEventDecoder:
         kind = final.get("type")
         if kind == ItemType.FUNCTION_CALL:
             return self._call(item, final)
+        if kind in (ItemType.TOOL_SEARCH_CALL, ItemType.TOOL_SEARCH_OUTPUT):
+            return [self._search(kind, final)]
         if kind == ItemType.MESSAGE:
             texts = _part_texts(final.get("content"), ("output_text", "refusal"))
             return self._complete(item, texts, TextDelta)
@@ -265,6 +275,28 @@ class ResponsesEventDecoder:
         index, self._calls = self._calls, self._calls + 1
         call_id = _string(final.get("call_id")) or item.call_id
         return [ToolCallDelta(index=index, name=name, arguments=arguments, call_id=call_id)]
+
+    def _search(self, kind: str, final: Mapping[str, Any]) -> ToolSearchCallDelta | ToolSearchOutputDelta:
+        call_id = _string(final.get("call_id"))
+        execution = "client" if final.get("execution") == "client" else "server"
+        if kind == ItemType.TOOL_SEARCH_CALL:
+            arguments = final.get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    arguments = {"query": arguments}
+            if execution == "client":
+                self._calls += 1
+            return ToolSearchCallDelta(call_id, arguments if isinstance(arguments, dict) else {}, execution)
+        names = []
+        for tool in final.get("tools") if isinstance(final.get("tools"), list) else ():
+            name = tool.get("name") if isinstance(tool, dict) and tool.get("type") == "function" else None
+            if isinstance(name, str):
+                names.append(name)
+            else:
+                logger.warning("dropped a tool the upstream's tool search loaded: only function tools are read")
+        return ToolSearchOutputDelta(call_id, tuple(names), execution)
 
     # -- the end -----------------------------------------------------------------------------
 

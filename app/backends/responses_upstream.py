@@ -22,17 +22,35 @@ dialect option ``replay_reasoning``: upstreams that did not produce the reasonin
 themselves may refuse it. Content a text-only conversation does not carry (images, files)
 reaches the upstream as the engine's markers, as for every backend.
 
+Tool search (dialect option ``native_tool_search``, on by default): the request's
+``tool_search`` tool goes to the upstream as it came, with its deferred functions as
+``defer_loading`` function tools after the others; the conversation's searches go as
+``tool_search_call`` items (arguments as an object) and ``tool_search_output`` items
+carrying the functions they loaded; the upstream's own search items come back as
+``ToolSearchCallDelta``/``ToolSearchOutputDelta`` (:mod:`app.backends.responses_stream`).
+With the option off, this server runs the search, as for any other backend.
+
 One retry, invisible to the consumer, when the connection breaks before the upstream sent
 a single event (a pooled keep-alive connection the server had just closed).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.backends.base import ChatMessage, Delta, GenerationRequest, OutputFormat, ToolPolicy, ToolSpec
+from app.backends.base import (
+    ChatMessage,
+    Delta,
+    GenerationRequest,
+    HostedToolSearch,
+    OutputFormat,
+    ToolCall,
+    ToolPolicy,
+    ToolSpec,
+)
 from app.backends.http_client import Pool, TlsFiles
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
@@ -59,6 +77,10 @@ class ResponsesDialect:
     hold_text: bool = False
     """Hold text and reasoning until each upstream item is final and send only the final
     form (for an upstream whose streamed deltas cannot be trusted); off, text streams live."""
+    native_tool_search: bool = True
+    """Send a request's ``tool_search`` tool and its deferred tools to the upstream as they
+    came, for the upstream to run the search (or hand it to the client); off, this server
+    runs it and the upstream sees a search function (for an upstream without tool search)."""
 
 
 class ResponsesUpstreamBackend(HttpUpstream):
@@ -74,6 +96,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
         headers: Mapping[str, str] | None = None,
         replay_reasoning: bool = ResponsesDialect.replay_reasoning,
         hold_text: bool = ResponsesDialect.hold_text,
+        native_tool_search: bool = ResponsesDialect.native_tool_search,
         owned_by: str = "upstream",
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
@@ -82,9 +105,10 @@ class ResponsesUpstreamBackend(HttpUpstream):
                          headers=headers, owned_by=owned_by, pool=pool, tls=tls)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
+        self.hosts_tool_search = native_tool_search
         self._input_json = MessageJson(
-            lambda message: ",".join(dumps(item) for item in input_items((message,),
-                                                                         replay_reasoning=self.replay_reasoning)))
+            lambda message: ",".join(dumps(item) for item in input_items(
+                (message,), replay_reasoning=self.replay_reasoning, searches=self.hosts_tool_search)))
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream one upstream response as deltas, ending with exactly one ``Finish`` (see
@@ -101,7 +125,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
             PATH, self._input_json.body(payload, "input", request.messages),  # each message's items made once
             stream=payload["stream"],
             decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs),
-            refused=refused, back=names_back(request.tools))
+            refused=refused, back=names_back(_all_tools(request)))
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless, and streaming unless
@@ -110,12 +134,20 @@ class ResponsesUpstreamBackend(HttpUpstream):
         (which :meth:`stream` splices in)."""
         body: dict[str, Any] = {"model": request.model}
         if input:
-            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning)
+            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning,
+                                        searches=self.hosts_tool_search)
         body |= {"stream": request.incremental, "store": False}
-        if request.tools:
+        search = request.tool_search
+        if request.tools or request.late_tools or search is not None:
             # Every tool stays visible (a stable prompt prefix); the policy says which may be called.
-            body["tools"] = [_tool(spec) for spec in request.tools]
-            choice = _tool_choice(request.tool_policy, request.tools)
+            # Tools a search loaded are the conversation's own for an upstream that searches itself.
+            tools = request.tools if search is not None or not request.late_tools else \
+                (*request.tools, *request.late_tools)
+            body["tools"] = [_tool(spec) for spec in tools]
+            if search is not None:
+                body["tools"] += [_tool(spec) | {"defer_loading": True} for spec in search.deferred]
+                body["tools"].append(_search_tool(search))
+            choice = _tool_choice(request.tool_policy, tools)
             if choice is not None:
                 body["tool_choice"] = choice
             if not request.tool_policy.parallel:
@@ -139,11 +171,18 @@ class ResponsesUpstreamBackend(HttpUpstream):
         return body
 
 
-def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False) -> list[dict[str, Any]]:
-    """The conversation as Responses input items (see the module docstring)."""
+def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False,
+                searches: bool = False) -> list[dict[str, Any]]:
+    """The conversation as Responses input items (see the module docstring); with
+    ``searches``, tool searches as the upstream's own search items, else as calls of the
+    search function."""
     items: list[dict[str, Any]] = []
     for message in messages:
-        if message.role == "tool":
+        if message.role == "tool" and message.loaded is not None and searches:
+            items.append({"type": ItemType.TOOL_SEARCH_OUTPUT, "call_id": message.tool_call_id or "",
+                          "execution": message.loaded.execution,
+                          "tools": [_tool(spec) for spec in message.loaded.tools]})
+        elif message.role == "tool":
             items.append({"type": ItemType.FUNCTION_CALL_OUTPUT, "call_id": message.tool_call_id or "",
                           "output": message.content})
         elif message.role != "assistant":
@@ -160,12 +199,36 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
                 if message.phase is not None:
                     said["phase"] = message.phase
                 items.append(said)
-            items += [
-                {"type": ItemType.FUNCTION_CALL, "call_id": call.call_id, "name": wire_name(call.name),
-                 "arguments": call.arguments}
-                for call in message.tool_calls
-            ]
+            items += [_call(call, searches) for call in message.tool_calls]
     return items
+
+
+def _call(call: ToolCall, searches: bool) -> dict[str, Any]:
+    if call.tool_search is not None and searches:
+        try:
+            arguments = json.loads(call.arguments)
+        except ValueError:
+            arguments = {}
+        return {"type": ItemType.TOOL_SEARCH_CALL, "call_id": call.call_id, "execution": call.tool_search,
+                "arguments": arguments if isinstance(arguments, dict) else {}}
+    return {"type": ItemType.FUNCTION_CALL, "call_id": call.call_id, "name": wire_name(call.name),
+            "arguments": call.arguments}
+
+
+def _all_tools(request: GenerationRequest) -> tuple[ToolSpec, ...]:
+    """Every function a call of the upstream may name."""
+    deferred = request.tool_search.deferred if request.tool_search is not None else ()
+    return (*request.tools, *request.late_tools, *deferred)
+
+
+def _search_tool(search: HostedToolSearch) -> dict[str, Any]:
+    tool: dict[str, Any] = {"type": "tool_search"}
+    if search.execution == "client":
+        tool["execution"] = "client"
+        for key, value in (("description", search.description), ("parameters", search.parameters)):
+            if value is not None:
+                tool[key] = value
+    return tool
 
 
 def _tool(spec: ToolSpec) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 
-from app.backends.base import Delta, ToolCallDelta, ToolSpec
+from app.backends.base import Delta, ToolCallDelta, ToolSearchOutputDelta, ToolSpec
 
 MAX_LENGTH = 64
 HASH_LENGTH = 12
@@ -46,7 +46,10 @@ def names_back(tools: Sequence[ToolSpec]) -> dict[str, str]:
 
 
 def restored(delta: Delta, back: Mapping[str, str]) -> Delta:
-    """``delta`` with a call's wire name turned back into the tool's name."""
+    """``delta`` with a call's wire name (or those a tool search loaded) turned back into
+    the tool's name."""
     if isinstance(delta, ToolCallDelta) and delta.name in back:
         return dataclasses.replace(delta, name=back[delta.name])
+    if isinstance(delta, ToolSearchOutputDelta) and any(name in back for name in delta.names):
+        return dataclasses.replace(delta, names=tuple(back.get(name, name) for name in delta.names))
     return delta

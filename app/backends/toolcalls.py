@@ -239,7 +239,8 @@ class ToolCallParser:
 def tool_call_parser(request: GenerationRequest, spec: ModelSpec | None = None) -> ToolCallParser:
     """The parser for one generation (an ``OutputParserFactory``)."""
     structured = request.output_format.kind != "text" and request.tool_policy.mode != "required"
-    return ToolCallParser([tool.name for tool in request.tools], request.tool_policy, passthrough=structured)
+    names = [tool.name for tool in (*request.tools, *request.late_tools)]
+    return ToolCallParser(names, request.tool_policy, passthrough=structured)
 
 
 def _match_tag(text: str, start: int, final: bool) -> _Block | object | None:

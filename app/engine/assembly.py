@@ -21,7 +21,6 @@ from app.backends.base import (
     GenerationRequest,
     OutputFormat,
     Sampling,
-    TextGrammar,
     ToolPolicy,
     ToolSpec,
 )
@@ -29,6 +28,7 @@ from app.engine.compaction import compaction_context
 from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History
 from app.engine.sealing import Sealer, SealError
+from app.engine.tool_search import ToolSurface
 from app.errors import InvalidRequest
 from app.protocol.items import (
     CompactionParam,
@@ -63,6 +63,9 @@ class Assembled:
     trigger: int | None = None
     """Where the input's ``compaction_trigger`` is: a compaction turn
     (:mod:`app.engine.compaction_turn`); ``None`` for an ordinary turn."""
+    surface: ToolSurface | None = None
+    """The request's tools as its backend gets them (``tools`` the ones shown with the
+    prompt), tool search included (:mod:`app.engine.tool_search`)."""
 
 
 class Opener:
@@ -135,20 +138,11 @@ def input_items(body: CreateResponseBody, *, drop_foreign: bool) -> Sequence[obj
     return kept
 
 
-def tool_specs(body: CreateResponseBody) -> tuple[ToolSpec, ...]:
-    """The functions offered to the model, as a backend sees them; a custom tool's Lark
-    grammar travels with it, with the parameter it came from."""
-    position = {id(tool): index for index, tool in enumerate(body.tools or ())}
-    return tuple(
-        ToolSpec(name=f.name, description=f.description, parameters=f.parameters, strict=f.strict,
-                 grammar=None if f.lark is None else
-                 TextGrammar("lark", f.lark, f"tools[{position[id(f.tool)]}].format.definition"))
-        for f in body.function_tools
-    )
-
-
-def tool_policy(body: CreateResponseBody) -> ToolPolicy:
-    names = {tool.name for tool in body.function_tools}
+def tool_policy(body: CreateResponseBody, names: set[str] | None = None) -> ToolPolicy:
+    """The policy ``body`` asks for over ``names`` (default: its functions), the
+    functions it may name."""
+    if names is None:
+        names = {tool.name for tool in body.function_tools}
     choice = body.tool_choice
     parallel = True if body.parallel_tool_calls is None else body.parallel_tool_calls
     if isinstance(choice, SpecificFunctionParam):
@@ -235,15 +229,22 @@ _AUTO = ToolPolicy()
 
 
 def generation_request(body: CreateResponseBody, model: str, messages: Sequence[ChatMessage],
-                       tools: tuple[ToolSpec, ...]) -> GenerationRequest:
+                       tools: tuple[ToolSpec, ...], surface: ToolSurface | None = None) -> GenerationRequest:
     """What the backend is asked for: the context fitted to the model's window, the tools
     and the policy over them, sampling, the output format. Incremental: a run that
-    nobody reads before its end asks for it whole (:meth:`Prepared.whole_request`)."""
+    nobody reads before its end asks for it whole (:meth:`Prepared.whole_request`).
+    With tool search (``surface``), the policy may name any function of the request,
+    deferred ones included, and the search function."""
+    names = None
+    if surface is not None and (surface.searches or surface.late_tools):
+        names = {*surface.offered, *(tool.name for tool in (*tools, *surface.late_tools))}
     return GenerationRequest(
         model=model,
         messages=tuple(messages),
         tools=tools,
-        tool_policy=tool_policy(body),
+        late_tools=surface.late_tools if surface is not None else (),
+        tool_search=surface.hosted if surface is not None else None,
+        tool_policy=tool_policy(body, names),
         sampling=Sampling(
             temperature=body.temperature,
             top_p=body.top_p,

@@ -45,7 +45,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from app.backends.base import CompactionDelta, Delta, Finish, FinishReason, ReasoningDelta, TextDelta, ToolCallDelta
+from app.backends.base import (
+    CompactionDelta,
+    Delta,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallDelta,
+    ToolSearchCallDelta,
+    ToolSearchOutputDelta,
+)
 from app.backends.base import Usage as BackendUsage
 from app.engine.output_items import EventMaker, IllegalTransition, OutputItems, wire_usage
 from app.errors import ORSError
@@ -113,7 +123,8 @@ class ResponseBuilder:
         was offered under it: a namespace tool's function makes a ``function_call``
         with the function's own ``name`` and its ``namespace``; a custom tool makes a
         ``custom_tool_call`` whose ``input`` is the call's one argument, with no delta
-        events (the spec has none for it) between its ``output_item`` events.
+        events (the spec has none for it) between its ``output_item`` events; a tool
+        search's output names the functions it loaded by the names of this map.
         ``events=False``: nobody reads the events (see the module docstring).
         ``empty_message=False``: a response that produced nothing completes with no
         output at all (a warm-up, which asked for none)."""
@@ -198,6 +209,8 @@ class ResponseBuilder:
             self._items.text(ItemType.REASONING, ReasoningDeltaEvent, delta.text)
         elif isinstance(delta, ToolCallDelta):
             self._items.tool_call(delta)
+        elif isinstance(delta, ToolSearchCallDelta | ToolSearchOutputDelta):
+            self._items.tool_search(delta)
         elif isinstance(delta, CompactionDelta):
             self._items.compaction(delta.encrypted_content)
         else:

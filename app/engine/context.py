@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.backends.base import ChatMessage, ToolCall
+from app.backends.base import ChatMessage, ToolCall, ToolSearchResult
+from app.engine.tool_search import SEARCH_FUNCTION, UNNAMED_CALL, function_spec, loaded_functions, loaded_text
 from app.protocol.content import (
     InputFileParam,
     InputImageParam,
@@ -35,6 +36,8 @@ from app.protocol.items import (
     FunctionCallParam,
     ReasoningParam,
     SystemMessageParam,
+    ToolSearchCallParam,
+    ToolSearchOutputParam,
     UserMessageParam,
 )
 from app.protocol.tools import CUSTOM_INPUT, qualified_name
@@ -143,7 +146,9 @@ def build_messages(
 
     Consecutive ``function_call`` items become one assistant message with several tool
     calls, joined to the assistant text right before them; reasoning is attached to the
-    assistant message that follows it. A compaction item becomes a system message with
+    assistant message that follows it. A ``tool_search_call`` is such a call, of the
+    search function; a ``tool_search_output`` is a tool message that describes the
+    functions it loaded (:mod:`app.engine.tool_search`). A compaction item becomes a system message with
     the summary it holds; reasoning whose ``encrypted_content`` this server cannot open
     is dropped (with a log line), never fatal.
     """
@@ -175,7 +180,7 @@ def extend_conversation(
                 )
             )
             pending_reasoning = []
-        elif isinstance(item, FunctionCallParam | CustomToolCallParam):
+        elif isinstance(item, FunctionCallParam | CustomToolCallParam | ToolSearchCallParam):
             call = _tool_call(item)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant":
@@ -199,6 +204,11 @@ def extend_conversation(
             messages.append(
                 ChatMessage(role="tool", content=_content_text(item.output), tool_call_id=item.call_id)
             )
+        elif isinstance(item, ToolSearchOutputParam):
+            functions = loaded_functions(item.tools)
+            loaded = ToolSearchResult(tuple(function_spec(f) for f in functions), item.execution or "server")
+            messages.append(ChatMessage(role="tool", content=loaded_text(functions),
+                                        tool_call_id=item.call_id or UNNAMED_CALL, loaded=loaded))
         elif isinstance(item, ReasoningParam):
             text = _reasoning_text(item, sealed)
             if text:
@@ -214,9 +224,14 @@ def extend_conversation(
     return Conversation(tuple(messages), tuple(pending_reasoning))
 
 
-def _tool_call(item: FunctionCallParam | CustomToolCallParam) -> ToolCall:
+def _tool_call(item: FunctionCallParam | CustomToolCallParam | ToolSearchCallParam) -> ToolCall:
     """A replayed call as the model made it: under its flat name, and a custom tool's
-    input as the one argument it was offered with."""
+    input as the one argument it was offered with; a search as a call of the search
+    function."""
+    if isinstance(item, ToolSearchCallParam):
+        return ToolCall(call_id=item.call_id or UNNAMED_CALL, name=SEARCH_FUNCTION,
+                        arguments=json.dumps(item.arguments, ensure_ascii=False),
+                        tool_search=item.execution or "server")
     if isinstance(item, CustomToolCallParam):
         return ToolCall(call_id=item.call_id, name=item.name, arguments=json.dumps({CUSTOM_INPUT: item.input}))
     return ToolCall(call_id=item.call_id, name=qualified_name(item.namespace, item.name), arguments=item.arguments)

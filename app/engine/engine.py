@@ -10,8 +10,10 @@ HTTP error or a WebSocket error envelope):
    validation errors;
 3. the body is validated into protocol models; the model id is resolved;
 4. input items are checked (images, extension items, compaction blobs, the place of a
-   ``compaction_trigger``) and the context is assembled, then fitted to the model's
-   window (``truncation``);
+   ``compaction_trigger``, the tools a ``tool_search_output`` loads), the tools are
+   sorted into what the model is shown and what a tool search may load
+   (:mod:`app.engine.tool_search`), and the context is assembled, then fitted to the
+   model's window (``truncation``);
 5. the backend checks what it can refuse now (e.g. a schema it cannot enforce).
 
 A compaction turn (a ``compaction_trigger`` ends the input) skips 4's fitting and 5: its
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -42,7 +45,6 @@ from app.engine.assembly import (
     has_schema_work,
     input_items,
     reasoning_sealer,
-    tool_specs,
 )
 from app.engine.compaction_turn import CompactionTurn, check_compaction_turn, conversation_entries, trigger_index
 from app.engine.context import build_messages
@@ -57,6 +59,7 @@ from app.engine.live import LiveRuns
 from app.engine.models import ModelRouter
 from app.engine.run import Run
 from app.engine.sealing import Sealer
+from app.engine.tool_search import ToolSearchLimits, ToolSurface, check_choice, check_loaded, tool_surface
 from app.engine.truncation import fit_context
 from app.engine.validation import parse_body
 from app.errors import InvalidRequest
@@ -98,6 +101,9 @@ class Prepared:
     generate: bool = True
     """``False`` for a warm-up (a WebSocket ``generate: false``): the run asks the model
     for nothing but to warm its prompt cache, and completes with no output and zero usage."""
+    surface: ToolSurface | None = None
+    """The request's tool search, or tools a search loaded earlier in its context;
+    ``None`` for a request with neither."""
 
     def whole_request(self) -> GenerationRequest:
         """The request for a response nobody sees before it ends: the backend may make
@@ -121,6 +127,7 @@ class Engine:
         gate_unknown_tool: UnknownToolPolicy = "accept",
         max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
         limits: RequestLimits = RequestLimits(),
+        tool_search: ToolSearchLimits = ToolSearchLimits(),
     ) -> None:
         """Everything the engine works with is given here, and never replaced: the
         response store (``None``: nothing is stored), the sealer of encrypted content
@@ -143,6 +150,8 @@ class Engine:
         """The largest image a data URL may carry, decoded."""
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
+        self.tool_search = tool_search
+        """What one server-run tool search may load, and how many one response may make."""
 
     async def _assemble(self, data: Any, history: HistorySource, *, require_input: bool = True) -> Assembled:
         """Steps 1 to 4 of the module's list, up to the context before it is fitted
@@ -171,6 +180,8 @@ class Engine:
             self.metrics.gate_rejections.labels(refused.code or "invalid_request").inc()
             raise
         body = parse_body(CreateResponseBody, data)
+        if isinstance(body.input, list):
+            check_loaded(body.input)
         trigger = trigger_index(body)
         await check_images(body.input, max_bytes=self.max_image_bytes)
         requested = body.model or self.router.default_model
@@ -194,8 +205,12 @@ class Engine:
         messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
         if not messages and require_input:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
-        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, tool_specs(body),
-                         trigger)
+        surface = tool_surface(body, itertools.chain(past.search_outputs(), new_items),
+                               hosts_search=backend.hosts_tool_search, limits=self.tool_search,
+                               schema_limits=self.limits.schema)
+        check_choice(body, surface)
+        return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
+                         surface)
 
     async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given
@@ -231,13 +246,14 @@ class Engine:
         assembled = await self._assemble(data, history, require_input=generate)
         body, requested, backend = assembled.body, assembled.requested, assembled.backend
         past, new_items, sealed = assembled.past, assembled.new_items, assembled.sealed
+        surface = assembled.surface if assembled.trigger is None else None
         if assembled.trigger is not None:
             backend, request = self._compaction_turn(assembled)
         else:
             messages = await fit_context(backend, assembled.model, assembled.messages, assembled.tools,
                                          truncation=body.truncation or "disabled",
                                          max_output_tokens=body.max_output_tokens)
-            request = generation_request(body, assembled.model, messages, assembled.tools)
+            request = generation_request(body, assembled.model, messages, assembled.tools, assembled.surface)
         if generate:
             await backend.check(request)
         initial = initial_response(
@@ -276,10 +292,11 @@ class Engine:
             store=self.store if stores else None,
             tools=tools_json,
             input_items=inputs_stored,
-            offered={f.name: f for f in body.function_tools if f.namespace or f.custom},
+            offered=surface.offered if surface is not None else {},
             seal_reasoning=reasoning_sealer(self.sealer) if wants_sealed_reasoning else None,
             on_recorded=on_recorded,
             generate=generate,
+            surface=surface if surface is not None and (surface.searches or surface.late_tools) else None,
         )
 
     def _compaction_turn(self, assembled: Assembled) -> tuple[Backend, GenerationRequest]:

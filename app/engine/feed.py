@@ -34,15 +34,20 @@ from app.backends.base import (
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
+    ToolSearchCallDelta,
+    ToolSearchOutputDelta,
     Usage,
 )
 from app.engine.output_format import checks_output_format, enforce_output_format
+from app.engine.tool_search import ToolSurface
+from app.engine.tool_search_loop import searching
 from app.engine.tools import ToolCallGuard, enforce_tool_policy
 from app.errors import ORSError
 
 QUEUE_SIZE = 256
 
-DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, CompactionDelta, Finish)
+DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, CompactionDelta, Finish, ToolSearchCallDelta,
+          ToolSearchOutputDelta)
 """What the queue carries most: the backend's deltas."""
 
 END = object()
@@ -71,13 +76,17 @@ class Feed:
     """The output of one backend stream (see the module docstring). :meth:`start` it
     once; :meth:`stop` it to end the stream and wait until it is closed."""
 
-    __slots__ = ("backend", "request", "name", "warm_only", "control", "_queue", "_pump")
+    __slots__ = ("backend", "request", "name", "warm_only", "surface", "control", "_queue", "_pump")
 
-    def __init__(self, backend: Backend, request: GenerationRequest, *, name: str, warm_only: bool = False) -> None:
+    def __init__(self, backend: Backend, request: GenerationRequest, *, name: str, warm_only: bool = False,
+                 surface: ToolSurface | None = None) -> None:
         self.backend = backend
         self.request = request
         self.name = name
         self.warm_only = warm_only
+        self.surface = surface
+        """The request's tool search, if it offers one: a server-run search this server
+        runs wraps the backend's stream (:mod:`app.engine.tool_search_loop`)."""
         self.control: Signal | None = None
         """The first signal, once one came."""
         self._queue: asyncio.Queue[object] = asyncio.Queue(QUEUE_SIZE)
@@ -146,20 +155,23 @@ class Feed:
         :class:`ToolCallGuard` called in this loop); owns (and always closes) the
         stream. A strict ``text.format`` is checked on what the policy passed, so with
         one the policy runs as a generator below the format's check."""
-        request = self.request
+        request, surface = self.request, self.surface
         queue = self._queue
         if self.warm_only:
             await self.backend.warm(request)
             await queue.put(Finish("stop", Usage()))
             await queue.put(END)
             return
-        source = self.backend.stream(request)
+        if surface is not None and surface.runs_here:
+            source = searching(self.backend, request, surface)
+        else:
+            source = self.backend.stream(request)
         guard: ToolCallGuard | None = None
         stream: AsyncIterator[Delta]
         if checks_output_format(request):
-            stream = enforce_output_format(enforce_tool_policy(source, request), request)
+            stream = enforce_output_format(enforce_tool_policy(source, request, surface), request)
         else:
-            stream, guard = source, ToolCallGuard(request)
+            stream, guard = source, ToolCallGuard(request, surface)
         try:
             async for delta in stream:
                 passed = delta if guard is None else guard.feed(delta)

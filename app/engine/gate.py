@@ -4,6 +4,13 @@ A ``custom_tool_call_output`` (OpenAI's custom tools) is held to its ``custom_to
 by the same rules: its ``input`` must be a string, and it is checked as the one-string
 schema its tool was offered with (a ``regex`` format is that string's pattern).
 
+A ``tool_search_output`` (OpenAI's tool search) answers the ``tool_search_call`` that
+carries its ``call_id``, found, and refused as a duplicate, as any output is; a search has
+no arguments to check. One that names no ``call_id`` passes only as a server-run search's
+(``execution`` ``server`` or absent), which answers no call of the client's. The tools a
+``tool_search_output`` of the request or its chain loaded are looked up, after the
+request's and the chain's own, for a call nothing else defines.
+
 A client that answers a tool call replays the conversation; the gate makes sure the call
 being answered is one a model may be shown an answer to. It works on the request's items
 exactly as sent (plain JSON values, never parsed models), so the same checks run on a
@@ -70,6 +77,8 @@ request's own), :mod:`~app.engine.gate_calls` checks one call against its tool,
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -93,6 +102,7 @@ log = logging.getLogger("ors.gate")
 OUTPUTS: dict[str, ItemType] = {
     ItemType.FUNCTION_CALL_OUTPUT: ItemType.FUNCTION_CALL,
     ItemType.CUSTOM_TOOL_CALL_OUTPUT: ItemType.CUSTOM_TOOL_CALL,
+    ItemType.TOOL_SEARCH_OUTPUT: ItemType.TOOL_SEARCH_CALL,
 }
 """Each kind of output item, and the kind of call it answers."""
 
@@ -145,10 +155,10 @@ def check_items(
     ``unknown_tool``: whether an output answering a call of an undefined tool blocks.
     ``schema_limits``: the size and depth a tool's ``parameters`` may have
     (:mod:`app.schemas` compiles them)."""
-    toolbox = Toolbox(tools, history_tools, schema_limits)
     if not isinstance(items, list | tuple):  # a string, or not items at all: validation says why
-        return list(toolbox.findings)
+        return list(Toolbox(tools, history_tools, schema_limits).findings)
     items = list(items)
+    toolbox = Toolbox(tools, history_tools, schema_limits, loaded=functools.partial(_loaded, history, items))
     names = list(paths) if paths is not None else [f"input[{index}]" for index in range(len(items))]
     walk = _Walk(items, names, history, toolbox, block_unknown_tool=unknown_tool == "reject")
     return [*toolbox.findings, *walk.findings()]
@@ -239,9 +249,11 @@ class _Walk:
         kind = item.get("type")
         if not isinstance(kind, str):
             return None
+        if kind == ItemType.TOOL_SEARCH_OUTPUT and _call_id(item) is None and item.get("execution") != "client":
+            return None  # a server-run search's output: it answers no call of the client's
         if kind in OUTPUTS:
             return self.check_output(index, param, item, kind)
-        if kind in OUTPUTS.values():
+        if kind in OUTPUTS.values() and kind != ItemType.TOOL_SEARCH_CALL:
             problem = self.call_problem(item)
             return as_finding(
                 index, param, kind, problem, f"This {kind}",
@@ -312,6 +324,8 @@ class _Walk:
                 f"{call} this output answers.",
                 call_id,
             )
+        if call == ItemType.TOOL_SEARCH_CALL:
+            return as_finding(index, param, output, None, subject, call_id=call_id)
         problem = self.call_problem(called.item)
         blocking = problem is None or not problem.undefined_tool or self.block_unknown_tool
         return as_finding(index, param, output, problem, subject, call_id=call_id, blocking=blocking)
@@ -350,6 +364,15 @@ def _item_kind(item: JSON) -> str:
 
 def _text_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _loaded(history: Iterable[JSON], items: list[Any]) -> Iterable[Any]:
+    """The tools the ``tool_search_output`` items of the chain and the request loaded."""
+    for item in itertools.chain(history, items):
+        if isinstance(item, Mapping) and item.get("type") == ItemType.TOOL_SEARCH_OUTPUT:
+            tools = item.get("tools")
+            if isinstance(tools, list):
+                yield from tools
 
 
 def _is_output(item: Mapping[str, Any]) -> bool:

@@ -66,7 +66,7 @@ def call_problem(call: JSON, toolbox: Toolbox) -> Problem | None:
             f"has arguments that encode {kind_of(value)}; function arguments are always a JSON "
             "object of named parameters. Send an object, e.g. \"{}\" when there are none.",
         )
-    tool = toolbox.by_name.get(called_name(call) or name)
+    tool = toolbox.find(called_name(call) or name)
     if tool is None:
         return Problem(
             Reason.UNKNOWN_TOOL,
@@ -87,7 +87,7 @@ def _custom_call_problem(call: JSON, toolbox: Toolbox) -> Problem | None:
     name = call.get("name")
     if not isinstance(name, str) or not name:
         return Problem(Reason.UNKNOWN_TOOL, "names no tool. Set name to the custom tool that was called.")
-    tool = toolbox.by_name.get(name)
+    tool = toolbox.find(name)
     if tool is None:
         return Problem(Reason.UNKNOWN_TOOL, f"calls {name!r}, which is not a custom tool of this request, so "
                        "its input cannot be checked. Add the tool to tools.", undefined_tool=True)

@@ -7,6 +7,9 @@ tool's functions are found by their flat name (``namespace__name``); a ``custom`
 is the function of one string it is offered as (its ``regex`` format that string's
 pattern; a replayed input is not checked against a ``lark`` grammar).
 
+The tools a tool search loaded (``tool_search_output`` items) are looked up last, and
+only for a name nothing else defines: most requests never walk their chain for them.
+
 Building the toolbox checks the request's own tools, whether or not a call uses them:
 a name another tool before it already has is ``duplicate_tool_name`` (param
 ``tools[i].name``), and ``parameters`` that :mod:`app.schemas` does not admit are
@@ -16,7 +19,7 @@ for a custom tool's regex).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +41,10 @@ class Tool:
 class Toolbox:
     """The functions by called name, and the findings on the request's own tools."""
 
-    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any], limits: SchemaLimits) -> None:
+    def __init__(self, tools: Iterable[Any], history_tools: Iterable[Any], limits: SchemaLimits,
+                 loaded: Callable[[], Iterable[Any]] | None = None) -> None:
         self.limits = limits
+        self._loaded = loaded
         self.by_name: dict[str, Tool] = {}
         for tool, _ in functions(history_tools, "tools"):
             if (name := function_name(tool)) is not None:
@@ -69,6 +74,18 @@ class Toolbox:
                     Finding(None, param, "tool", Reason.INVALID_TOOL_SCHEMA, f"{what}: {problem}. Fix it.", name=name)
                 )
         self.by_name.update(own)
+
+    def find(self, name: str) -> Tool | None:
+        """The function a call by ``name`` calls: the request's, else the chain's, else
+        one a tool search loaded."""
+        found = self.by_name.get(name)
+        if found is None and self._loaded is not None:
+            loaded, self._loaded = self._loaded, None
+            for tool, _ in functions(loaded(), "tools"):
+                if (called := function_name(tool)) is not None:
+                    self.by_name.setdefault(called, Tool(called, tool.get("parameters"), None))
+            found = self.by_name.get(name)
+        return found
 
     @staticmethod
     def schema_error(tool: Tool, limits: SchemaLimits) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 from app.engine.context import EMPTY, Conversation, SealedContent, extend_conversation
 from app.engine.items import from_stored
 from app.errors import InvalidRequest, PreviousResponseNotFound
+from app.protocol.items import ToolSearchOutputParam
 from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
 
@@ -36,6 +37,7 @@ log = logging.getLogger("ors.history")
 @dataclass(slots=True)
 class _Memo:
     conversation: Conversation | None = None
+    search_outputs: tuple[ToolSearchOutputParam, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,17 @@ class History:
         if self._memo.conversation is None:
             self._memo.conversation = extend_conversation(EMPTY, self.items, sealed=sealed)
         return self._memo.conversation
+
+    def search_outputs(self) -> tuple[ToolSearchOutputParam, ...]:
+        """The chain's ``tool_search_output`` items (the tools its searches loaded), found
+        once per history (a cached chain's are its parent's and its own)."""
+        if self._memo.search_outputs is None:
+            self._memo.search_outputs = _search_outputs(self.items)
+        return self._memo.search_outputs
+
+
+def _search_outputs(items: list[object]) -> tuple[ToolSearchOutputParam, ...]:
+    return tuple(item for item in items if isinstance(item, ToolSearchOutputParam))
 
 
 def not_found(response_id: str) -> PreviousResponseNotFound:
@@ -155,6 +168,8 @@ class _Recorded:
         if self.past._memo.conversation is not None:
             history._memo.conversation = extend_conversation(self.past._memo.conversation, parsed,
                                                              sealed=self.sealed)
+        if self.past._memo.search_outputs is not None:
+            history._memo.search_outputs = (*self.past._memo.search_outputs, *_search_outputs(parsed))
         return history
 
 

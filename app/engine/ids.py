@@ -76,3 +76,11 @@ def custom_tool_call_output_id() -> str:
 
 def compaction_id() -> str:
     return new_id("cmp")
+
+
+def tool_search_call_id() -> str:
+    return new_id("tsc")
+
+
+def tool_search_output_id() -> str:
+    return new_id("tso")

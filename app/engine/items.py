@@ -25,6 +25,8 @@ from app.protocol.items import (
     ItemParam,
     ReasoningParam,
     SystemMessageParam,
+    ToolSearchCallParam,
+    ToolSearchOutputParam,
     UserMessageParam,
 )
 from app.protocol.states import ItemStatus, ItemType
@@ -76,6 +78,14 @@ def stored_form(item: object) -> JSON:
         return item.model_dump(exclude_none=True) | {"id": item.id or ids.reasoning_id()}
     if isinstance(item, CompactionParam):
         return item.model_dump(exclude_none=True) | {"id": item.id or ids.compaction_id()}
+    if isinstance(item, ToolSearchCallParam | ToolSearchOutputParam):
+        made = ids.tool_search_call_id if isinstance(item, ToolSearchCallParam) else ids.tool_search_output_id
+        return item.model_dump(exclude_none=True) | {
+            "id": item.id or made(),
+            "call_id": item.call_id,
+            "execution": item.execution or "server",  # OpenAI's default
+            "status": item.status or ItemStatus.COMPLETED,
+        }
     raise TypeError(f"{type(item).__name__} is not stored as an item")
 
 

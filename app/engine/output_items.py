@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.backends.base import TokenLogprob, ToolCallDelta
+from app.backends.base import TokenLogprob, ToolCallDelta, ToolSearchCallDelta, ToolSearchOutputDelta
 from app.backends.base import Usage as BackendUsage
 from app.engine import ids
+from app.engine.tool_search import loadable
 from app.protocol.content import LogProb, OutputText, ReasoningText, StreamablePart, TopLogProb
 from app.protocol.events import (
     ContentPartAdded,
@@ -37,7 +38,16 @@ from app.protocol.events import (
     ReasoningDone,
     StreamEvent,
 )
-from app.protocol.items import Compaction, CustomToolCall, FunctionCall, Message, OutputItem, Reasoning
+from app.protocol.items import (
+    Compaction,
+    CustomToolCall,
+    FunctionCall,
+    Message,
+    OutputItem,
+    Reasoning,
+    ToolSearchCall,
+    ToolSearchOutput,
+)
 from app.protocol.responses import InputTokensDetails, OutputTokensDetails, Usage
 from app.protocol.states import ItemStatus, ItemType
 from app.protocol.tools import CUSTOM_INPUT, OfferedFunction
@@ -260,6 +270,31 @@ class OutputItems:
             self._events.add(OutputItemAdded, output_index=output_index,
                              item=Compaction(id=item_id, encrypted_content="", status=ItemStatus.IN_PROGRESS))
         final = Compaction(id=item_id, encrypted_content=encrypted_content, status=ItemStatus.COMPLETED)
+        self.closed.append(final)
+        self._events.add(OutputItemDone, output_index=output_index, item=final)
+
+    def tool_search(self, delta: ToolSearchCallDelta | ToolSearchOutputDelta) -> None:
+        """A whole ``tool_search_call`` or ``tool_search_output`` (closing the open item
+        first): ``output_item.added`` with its zero value (``arguments: {}`` or
+        ``tools: []``, ``in_progress``), then ``output_item.done``, ``completed``. A
+        client-run search always has a ``call_id`` (its output will name it); an output's
+        ``tools`` are the loaded functions as the request defined them."""
+        self.close_open(ItemStatus.COMPLETED)
+        output_index = len(self.closed)
+        final: ToolSearchCall | ToolSearchOutput
+        if isinstance(delta, ToolSearchCallDelta):
+            call_id = delta.call_id or (ids.call_id() if delta.execution == "client" else None)
+            fields = {"id": ids.tool_search_call_id(), "call_id": call_id, "execution": delta.execution}
+            added: ToolSearchCall | ToolSearchOutput = ToolSearchCall(**fields, arguments={},
+                                                                      status=ItemStatus.IN_PROGRESS)
+            final = ToolSearchCall(**fields, arguments=delta.arguments, status=ItemStatus.COMPLETED)
+        else:
+            found = [self._offered[name] for name in delta.names if name in self._offered]
+            fields = {"id": ids.tool_search_output_id(), "call_id": delta.call_id, "execution": delta.execution}
+            added = ToolSearchOutput(**fields, tools=[], status=ItemStatus.IN_PROGRESS)
+            final = ToolSearchOutput(**fields, tools=loadable(found), status=ItemStatus.COMPLETED)
+        if self._events.emits:
+            self._events.add(OutputItemAdded, output_index=output_index, item=added)
         self.closed.append(final)
         self._events.add(OutputItemDone, output_index=output_index, item=final)
 

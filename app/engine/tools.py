@@ -21,6 +21,11 @@ way for every backend:
   ``incomplete``: the client sees what was cut, and an unfinished call is never marked
   completed.
 
+Tool search (:mod:`app.engine.tool_search`): the functions a search loads become callable
+when its ``ToolSearchOutputDelta`` passes (a server-run search's), and a call of a
+client-run search's function (``tool_search``) passes as a ``ToolSearchCallDelta`` for the
+client to answer, counted as a call.
+
 Every suppressed call is logged with its reason. To be able to judge a call's arguments,
 each call is held until it is complete (the next call starts, or the stream finishes),
 then released as its name and whole arguments; text and reasoning stream untouched.
@@ -34,7 +39,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.backends.base import Delta, Finish, GenerationRequest, ToolCallDelta, ToolPolicy
+from app.backends.base import (
+    Delta,
+    Finish,
+    GenerationRequest,
+    ToolCallDelta,
+    ToolPolicy,
+    ToolSearchCallDelta,
+    ToolSearchOutputDelta,
+)
+from app.engine.tool_search import SEARCH_FUNCTION, ToolSurface
 from app.errors import ModelError
 from app.schemas import admitted, json_path
 
@@ -53,14 +67,20 @@ class ToolCallGuard:
     docstring): :meth:`feed` says what may pass in a delta's place. A plain object the
     run's pump calls in its own loop, so a delta crosses no generator of its own."""
 
-    __slots__ = ("request", "policy", "offered", "strict", "pending", "pending_index", "released")
+    __slots__ = ("request", "policy", "offered", "strict", "pending", "pending_index", "released", "surface",
+                 "client_search")
 
-    def __init__(self, request: GenerationRequest) -> None:
+    def __init__(self, request: GenerationRequest, surface: ToolSurface | None = None) -> None:
         self.request = request
         self.policy = request.tool_policy
-        self.offered = {tool.name for tool in request.tools}
-        self.strict = {tool.name: tool.parameters for tool in request.tools
-                       if tool.strict and tool.parameters is not None}
+        tools = (*request.tools, *request.late_tools) if request.late_tools else request.tools
+        self.offered = {tool.name for tool in tools}
+        self.strict = {tool.name: tool.parameters for tool in tools if tool.strict and tool.parameters is not None}
+        self.surface = surface
+        """The request's tools, for what a tool search loads (``None`` without one)."""
+        self.client_search = (surface is not None and surface.execution == "client" and surface.hosted is None
+                              and SEARCH_FUNCTION in self.offered)
+        """Calls of ``tool_search`` are a client-run search's."""
         self.pending: _PendingCall | None = None
         self.pending_index = -1
         self.released = 0
@@ -78,6 +98,14 @@ class ToolCallGuard:
                 self.pending = _PendingCall(name=delta.name or "", call_id=delta.call_id)
             if self.pending is not None:
                 self.pending.pieces.append(delta.arguments)
+            return ready
+        if isinstance(delta, ToolSearchCallDelta | ToolSearchOutputDelta):
+            ready = self._release()
+            if isinstance(delta, ToolSearchOutputDelta):
+                self._load(delta.names)
+            elif delta.execution == "client":
+                self.released += 1
+            ready.append(delta)
             return ready
         if isinstance(delta, Finish):
             budget_stop = delta.reason in _BUDGET_STOPS
@@ -102,14 +130,27 @@ class ToolCallGuard:
             log.warning("suppressed a call to %r from model %s: %s", call.name, self.request.model, reason)
             return []
         self.released += 1
+        if self.client_search and call.name == SEARCH_FUNCTION:
+            return [ToolSearchCallDelta(call.call_id, _object(arguments), "client")]
         return [ToolCallDelta(index=self.released - 1, name=call.name, arguments=arguments, call_id=call.call_id)]
 
+    def _load(self, names: tuple[str, ...]) -> None:
+        """The functions a search loaded are callable from now on, strict ones held to
+        their schema."""
+        self.offered.update(names)
+        offered = self.surface.offered if self.surface is not None else {}
+        for name in names:
+            function = offered.get(name)
+            if function is not None and function.strict and function.parameters is not None:
+                self.strict[name] = function.parameters
 
-async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationRequest) -> AsyncIterator[Delta]:
+
+async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationRequest,
+                              surface: ToolSurface | None = None) -> AsyncIterator[Delta]:
     """``deltas`` with the policy of ``request`` applied, as a generator (for a consumer
     that needs one: a strict ``text.format`` check). Closing this iterator closes
     ``deltas``."""
-    guard = ToolCallGuard(request)
+    guard = ToolCallGuard(request, surface)
     try:
         async for delta in deltas:
             passed = guard.feed(delta)
@@ -120,6 +161,15 @@ async def enforce_tool_policy(deltas: AsyncIterator[Delta], request: GenerationR
                     yield each
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
+
+
+def _object(arguments: str) -> dict[str, Any]:
+    """A call's arguments as a JSON object (``{}`` for a call cut short before it was one)."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 _BUDGET_STOPS = frozenset({"length", "content_filter"})

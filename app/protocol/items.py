@@ -28,6 +28,7 @@ from app.protocol.content import (
 # The wire types stay Literal (what pydantic validates and serializes as plain strings);
 # code names the states by app.protocol.states.ItemStatus, whose values a test holds equal.
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
+ToolSearchExecution = Literal["server", "client"]
 Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
 
@@ -136,6 +137,35 @@ class CompactionTriggerParam(ParamModel):
     type: Literal["compaction_trigger"]
 
 
+class ToolSearchCallParam(ParamModel):
+    """OpenAI's ``tool_search_call`` replayed: a search of the deferred tools, run by the
+    server (``execution: server``, answered in the same response) or handed to the
+    client (``client``). Not in the spec."""
+
+    type: Literal["tool_search_call"]
+    arguments: dict[str, Any]
+    call_id: CallId | None = None
+    execution: ToolSearchExecution | None = None
+    id: str | None = None
+    status: ItemStatus | None = None
+    created_by: str | None = None
+
+
+class ToolSearchOutputParam(ParamModel):
+    """The tools a tool search loaded: each is callable from here on in the conversation,
+    shown to the model where this item stands. ``tools`` hold tool definitions as
+    ``tools`` does (function, namespace and custom tools; the engine checks each one).
+    A client-executed search's output names its call's ``call_id``. Not in the spec."""
+
+    type: Literal["tool_search_output"]
+    tools: list[dict[str, Any]]
+    call_id: CallId | None = None
+    execution: ToolSearchExecution | None = None
+    id: str | None = None
+    status: ItemStatus | None = None
+    created_by: str | None = None
+
+
 class ItemReferenceParam(ParamModel):
     type: Literal["item_reference"] | None = None
     id: str
@@ -164,6 +194,8 @@ _ITEM_TAGS = {
     "compaction",
     "compaction_trigger",
     "item_reference",
+    "tool_search_call",
+    "tool_search_output",
 }
 
 
@@ -214,6 +246,8 @@ ItemParam = Annotated[
     | Annotated[CompactionParam, Tag("compaction")]
     | Annotated[CompactionTriggerParam, Tag("compaction_trigger")]
     | Annotated[ItemReferenceParam, Tag("item_reference")]
+    | Annotated[ToolSearchCallParam, Tag("tool_search_call")]
+    | Annotated[ToolSearchOutputParam, Tag("tool_search_output")]
     | Annotated[ExtensionItemParam, Tag("extension")],
     Discriminator(
         _item_tag,
@@ -301,8 +335,34 @@ class Compaction(WireModel):
     omit_if_none = frozenset({"created_by"})
 
 
+class ToolSearchCall(WireModel):
+    """A tool search, in OpenAI's shape (``created_by`` left out). ``arguments``: what
+    the search was asked with; ``call_id``: what its ``tool_search_output`` answers.
+    Not in the spec: only a request that offered a ``tool_search`` tool gets one."""
+
+    type: Literal["tool_search_call"] = "tool_search_call"
+    id: str
+    call_id: str | None
+    arguments: dict[str, Any]
+    execution: ToolSearchExecution
+    status: ItemStatus
+
+
+class ToolSearchOutput(WireModel):
+    """The tools a tool search loaded (definitions as ``tools`` takes them), in OpenAI's
+    shape. Not in the spec."""
+
+    type: Literal["tool_search_output"] = "tool_search_output"
+    id: str
+    call_id: str | None
+    execution: ToolSearchExecution
+    tools: list[dict[str, Any]]
+    status: ItemStatus
+
+
 OutputItem = Annotated[
-    Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CustomToolCall | CustomToolCallOutput,
+    Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CustomToolCall | CustomToolCallOutput
+    | ToolSearchCall | ToolSearchOutput,
     Field(discriminator="type"),
 ]
-"""The spec's ``ItemField``, and the two custom-tool items of OpenAI's superset."""
+"""The spec's ``ItemField``, and the custom-tool and tool-search items of OpenAI's superset."""

@@ -49,3 +49,5 @@ class ItemType(StrEnum):
     COMPACTION = "compaction"
     COMPACTION_TRIGGER = "compaction_trigger"
     ITEM_REFERENCE = "item_reference"
+    TOOL_SEARCH_CALL = "tool_search_call"
+    TOOL_SEARCH_OUTPUT = "tool_search_output"

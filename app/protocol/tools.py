@@ -23,8 +23,8 @@ class FunctionToolParam(ParamModel):
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
     defer_loading: bool | None = None
-    """OpenAI superset field (Codex sets it on tools its ``tool_search`` would load):
-    accepted; this server has no tool search, so the function is offered like any other."""
+    """OpenAI superset field: the function is hidden from the model until a tool search
+    loads it (a request with a deferred tool needs a ``tool_search`` tool)."""
 
 
 class NamespaceToolParam(ParamModel):
@@ -38,6 +38,8 @@ class NamespaceToolParam(ParamModel):
     name: FunctionName
     description: str | None = None
     tools: list[FunctionToolParam] = Field(min_length=1)
+    defer_loading: bool | None = None
+    """Every function of the namespace is deferred (a function may also be deferred alone)."""
 
 
 class CustomTextFormatParam(ParamModel):
@@ -79,6 +81,20 @@ class CustomToolParam(ParamModel):
         return fmt.definition if isinstance(fmt, CustomGrammarFormatParam) and fmt.syntax == "lark" else None
 
 
+class ToolSearchToolParam(ParamModel):
+    """OpenAI's ``tool_search`` tool: the model may search the request's deferred tools
+    (``defer_loading``) and load those it needs. ``execution`` ``server`` (the default)
+    has the server run the search (this server does, for any model); ``client`` makes
+    each search a ``tool_search_call`` the client answers with a ``tool_search_output``
+    carrying the tools to load. ``description`` and ``parameters`` describe a client's
+    search to the model. Not in the spec."""
+
+    type: Literal["tool_search"]
+    execution: Literal["server", "client"] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
 class UnsupportedToolParam(ParamModel):
     """A tool of a type this server cannot run (hosted tools, vendor tools). Accepted so
     such clients work; the engine leaves it out of what the model sees and logs that it
@@ -90,7 +106,7 @@ class UnsupportedToolParam(ParamModel):
 
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("namespace", "custom"):
+    if kind in ("namespace", "custom", "tool_search"):
         return kind
     return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
 
@@ -99,6 +115,7 @@ ToolParam = Annotated[
     Annotated[FunctionToolParam, Tag("function")]
     | Annotated[NamespaceToolParam, Tag("namespace")]
     | Annotated[CustomToolParam, Tag("custom")]
+    | Annotated[ToolSearchToolParam, Tag("tool_search")]
     | Annotated[UnsupportedToolParam, Tag("unsupported")],
     Discriminator(_tool_tag),
 ]
@@ -154,6 +171,12 @@ class OfferedFunction:
     @property
     def custom(self) -> bool:
         return isinstance(self.tool, CustomToolParam)
+
+    @property
+    def deferred(self) -> bool:
+        """Hidden from the model until a tool search loads it (``defer_loading`` on the
+        function or on its namespace)."""
+        return bool(self.tool.defer_loading or (self.namespace is not None and self.namespace.defer_loading))
 
     @property
     def parameters(self) -> dict[str, Any] | None:

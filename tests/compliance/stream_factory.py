@@ -138,6 +138,21 @@ class StreamBuilder:
         self.emit("response.output_item.added", output_index=index, item=item)
         return self._finish_item(index, {**item, "status": "completed", "encrypted_content": encrypted_content})
 
+    def tool_search(self, arguments: dict[str, Any], tools: list[dict[str, Any]] | None = None, *,
+                    call_id: str | None = "call_s1") -> list[dict[str, Any]]:
+        """A ``tool_search_call`` and, unless ``tools`` is ``None``, its ``tool_search_output``."""
+        index = len(self.items)
+        call = {"id": f"tsc_{index}", "type": "tool_search_call", "status": "in_progress", "call_id": call_id,
+                "arguments": {}, "execution": "server"}
+        self.emit("response.output_item.added", output_index=index, item=call)
+        made = [self._finish_item(index, {**call, "status": "completed", "arguments": arguments})]
+        if tools is not None:
+            output = {"id": f"tso_{index + 1}", "type": "tool_search_output", "status": "in_progress",
+                      "call_id": call_id, "execution": "server", "tools": []}
+            self.emit("response.output_item.added", output_index=index + 1, item=output)
+            made.append(self._finish_item(index + 1, {**output, "status": "completed", "tools": tools}))
+        return made
+
     def completed(self) -> dict[str, Any]:
         return self.emit("response.completed", response=make_response(
             status="completed", completed_at=CREATED_AT + 1, output=self.items, usage=make_usage()))

@@ -6,6 +6,7 @@ import pytest
 from stream_factory import StreamBuilder, make_response, to_sse
 
 from compliance import ConformanceError, StreamChecker, check_sse_body, check_sse_chunks, check_stream
+from tests.superset import tool_search_spec
 
 
 def raises(match: str):
@@ -365,6 +366,43 @@ def test_an_added_compaction_item_must_carry_no_content():
     events[find(events, "response.output_item.added")]["item"]["encrypted_content"] = "sealed-summary"
     with raises(r"an added compaction must carry encrypted_content: ''"):
         run(events)
+
+
+WEATHER_TOOL = {"type": "function", "name": "get_weather", "defer_loading": True,
+                "parameters": {"type": "object", "properties": {}}}
+
+
+def test_tool_search_items_stream_whole_under_the_superset_spec():
+    builder = StreamBuilder()
+    call, output = builder.tool_search({"query": "weather"}, [WEATHER_TOOL])
+    builder.function_call(['{"city": "Paris"}'])
+    builder.completed()
+    assert run(builder.events, spec=tool_search_spec())["output"][:2] == [call, output]
+    with raises("tool_search_call"):  # not an item of the spec itself
+        run(builder.events)
+
+
+def test_added_tool_search_items_must_carry_zero_values():
+    for position, field, value, message in (
+            (0, "arguments", {"query": "weather"}, r"an added tool_search_call must carry arguments: \{\}"),
+            (1, "tools", [WEATHER_TOOL], r"an added tool_search_output must carry tools: \[\]")):
+        builder = StreamBuilder()
+        builder.tool_search({"query": "weather"}, [WEATHER_TOOL])
+        builder.completed()
+        events = builder.events
+        events[find(events, "response.output_item.added", position)]["item"][field] = value
+        with raises(message):
+            run(events, spec=tool_search_spec())
+
+
+def test_a_done_tool_search_output_must_keep_its_call_id():
+    builder = StreamBuilder()
+    builder.tool_search({"query": "weather"}, [WEATHER_TOOL])
+    builder.completed()
+    events = builder.events
+    events[find(events, "response.output_item.done", 1)]["item"]["call_id"] = "call_other"
+    with raises("call_id 'call_other' differs"):
+        run(events, spec=tool_search_spec())
 
 
 def test_a_compaction_item_takes_no_content_parts():

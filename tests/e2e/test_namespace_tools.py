@@ -30,7 +30,6 @@ WAIT = {
     "name": "wait_agent",
     "description": "Wait for a sub-agent to finish.",
     "strict": False,
-    "defer_loading": True,
     "parameters": {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
 }
 AGENTS = {

@@ -16,6 +16,8 @@ from app.backends.base import (
     TextDelta,
     TokenLogprob,
     ToolCallDelta,
+    ToolSearchCallDelta,
+    ToolSearchOutputDelta,
     Usage,
 )
 from app.engine.builder import IllegalTransition, ResponseBuilder
@@ -25,6 +27,7 @@ from app.protocol.events import ResponseCreated, ResponseInProgress, StreamEvent
 from app.protocol.responses import CreateResponseBody
 from app.protocol.tools import offered_functions
 from compliance import check_stream
+from tests.superset import tool_search_spec
 
 
 def _builder(*, status: str = "in_progress", error_events: bool = True) -> ResponseBuilder:
@@ -75,6 +78,33 @@ def test_a_compaction_delta_is_one_whole_compaction_item() -> None:
     assert done == {**added, "encrypted_content": "sealed", "status": "completed"}
     final = check_stream([*events, "[DONE]"])
     assert final["output"] == [done] and final["usage"]["total_tokens"] == 52
+
+
+def test_a_tool_search_is_two_whole_items() -> None:
+    """A search and its output: each ``output_item.added`` with its zero value, then
+    ``output_item.done``; the output carries the loaded functions as the request defined
+    them (a namespace's inside it), the call's ``call_id`` both times."""
+    builder = _offering_builder()
+    events = _run(builder, TextDelta("Looking."), ToolSearchCallDelta("call_s", {"query": "files"}),
+                  ToolSearchOutputDelta("call_s", ("files__read", "get_weather", "unknown")),
+                  ToolCallDelta(0, name="files__read", arguments="{}"), Finish("tool_calls", Usage(9, 3)))
+    added = [event["item"] for event in events if event["type"] == "response.output_item.added"]
+    assert added[1] == {"type": "tool_search_call", "id": added[1]["id"], "call_id": "call_s", "arguments": {},
+                        "execution": "server", "status": "in_progress"}
+    assert added[2] == {"type": "tool_search_output", "id": added[2]["id"], "call_id": "call_s",
+                        "execution": "server", "tools": [], "status": "in_progress"}
+    final = check_stream([*events, "[DONE]"], spec=tool_search_spec())
+    message, call, output, read = final["output"]
+    assert call["arguments"] == {"query": "files"} and call["status"] == "completed"
+    assert output["tools"] == [_TOOLS[2], _TOOLS[0]]  # an unknown name loads nothing
+    assert (read["name"], read["namespace"]) == ("read", "files")
+
+
+def test_a_client_search_always_has_a_call_id() -> None:
+    builder = _offering_builder()
+    events = _run(builder, ToolSearchCallDelta(None, {"query": "x"}, "client"), Finish("tool_calls"))
+    [call] = check_stream([*events, "[DONE]"], spec=tool_search_spec())["output"]
+    assert call["call_id"].startswith("call_") and call["execution"] == "client"
 
 
 def test_length_closes_the_last_item_incomplete() -> None:
@@ -370,6 +400,10 @@ def _scenario(rng: random.Random) -> list[object]:
             events += builder.feed(ReasoningDelta(_random_text(rng)))
         elif kind < 0.6:
             events += builder.feed(CompactionDelta(_random_text(rng)))
+        elif kind < 0.65:
+            events += builder.feed(ToolSearchCallDelta(rng.choice([None, "call_s"]), {"query": _random_text(rng)},
+                                                       rng.choice(["server", "client"])))
+            events += builder.feed(ToolSearchOutputDelta("call_s", ("get_weather", "files__read")[:rng.randint(0, 2)]))
         else:
             name = rng.choice(["get_weather", "apply_patch", "files__read"])
             events += builder.feed(ToolCallDelta(call, name=name, arguments=rng.choice(['{"a":', "", '"x"'])))
@@ -407,7 +441,7 @@ def test_every_event_is_serialized_as_its_wire_model_writes_it() -> None:
             assert serialize_event(type(event).model_validate_json(data)) == data
         wire = [json.loads(serialize_event(event)) for event in events]  # type: ignore[arg-type]
         if "custom_tool_call" not in json.dumps(wire):  # OpenAI's item, outside the spec's variants
-            check_stream([*wire, "[DONE]"])
+            check_stream([*wire, "[DONE]"], spec=tool_search_spec())
     assert {kind.__name__ for kind in seen} >= {
         "ResponseCreated", "ResponseQueued", "ResponseInProgress", "ResponseCompleted", "ResponseIncomplete",
         "ResponseFailed", "OutputItemAdded", "OutputItemDone", "ContentPartAdded", "ContentPartDone",

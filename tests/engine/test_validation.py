@@ -41,6 +41,17 @@ def _error(data: object) -> InvalidRequest:
         ({"safety_identifier": "x" * 65}, "safety_identifier", "string_above_max_length"),
         ({"text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema",
          "missing_required_parameter"),
+        ({"input": [{"type": "tool_search_call", "arguments": {}, "execution": "elsewhere"}]},
+         "input[0].execution", "invalid_value"),
+        ({"input": [{"type": "tool_search_call"}]}, "input[0].arguments", "missing_required_parameter"),
+        ({"input": [{"type": "tool_search_output", "tools": [1]}]}, "input[0].tools[0]", "invalid_value"),
+        ({"input": [{"type": "tool_search_output", "tools": [], "call_id": ""}]}, "input[0].call_id",
+         "invalid_value"),
+        ({"tools": [{"type": "tool_search", "execution": "client", "name": "x"}]}, "tools[0].name",
+         "unknown_parameter"),
+        ({"tools": [{"type": "namespace", "name": "n", "defer_loading": "often", "tools": [{"type": "function",
+                                                                                          "name": "f"}]}]},
+         "tools[0].defer_loading", "invalid_value"),
     ],
 )
 def test_param_paths(body: dict[str, object], param: str, code: str) -> None:

@@ -1,0 +1,38 @@
+"""Schemas of OpenAI superset items this server makes, for judging them by every other
+rule of the spec (``compliance.with_items``): the tool search items, in the shape OpenAI
+documents (``call_id`` may be null; ``created_by`` is never written here)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from compliance.schemas import Spec, load_spec, with_items
+
+_STATUS = {"type": "string", "enum": ["in_progress", "completed", "incomplete"]}
+_EXECUTION = {"type": "string", "enum": ["server", "client"]}
+_CALL_ID = {"type": ["string", "null"]}
+
+TOOL_SEARCH_ITEMS: dict[str, dict[str, Any]] = {
+    "ToolSearchCall": {
+        "type": "object",
+        "properties": {"type": {"enum": ["tool_search_call"]}, "id": {"type": "string"}, "call_id": _CALL_ID,
+                       "arguments": {"type": "object"}, "execution": _EXECUTION, "status": _STATUS},
+        "required": ["type", "id", "call_id", "arguments", "execution", "status"],
+        "additionalProperties": False,
+    },
+    "ToolSearchOutput": {
+        "type": "object",
+        "properties": {"type": {"enum": ["tool_search_output"]}, "id": {"type": "string"}, "call_id": _CALL_ID,
+                       "execution": _EXECUTION, "status": _STATUS,
+                       "tools": {"type": "array", "items": {"type": "object", "required": ["type"]}}},
+        "required": ["type", "id", "call_id", "execution", "tools", "status"],
+        "additionalProperties": False,
+    },
+}
+
+
+@functools.cache
+def tool_search_spec() -> Spec:
+    """The vendored spec with the tool search items in its item union."""
+    return with_items(load_spec(), TOOL_SEARCH_ITEMS)

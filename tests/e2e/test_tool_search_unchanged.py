@@ -121,7 +121,8 @@ def _as_before(request: GenerationRequest) -> dict[str, Any]:
                       "reasoning": m.reasoning, "phase": m.phase,
                       "tool_calls": [[c.call_id, c.name, c.arguments] for c in m.tool_calls]}
                      for m in request.messages],
-        "tools": [dataclasses.asdict(tool) for tool in request.tools],
+        # a tool's ``grammar`` (a custom tool's Lark grammar) came later, for another reason
+        "tools": [{k: v for k, v in dataclasses.asdict(tool).items() if k != "grammar"} for tool in request.tools],
         "tool_policy": dataclasses.asdict(request.tool_policy),
         "sampling": dataclasses.asdict(request.sampling),
         "output_format": dataclasses.asdict(request.output_format),

@@ -17,9 +17,9 @@ configuration, sessions and login are neither used nor touched. Before Codex sta
    the first of ``ORS_API_KEYS``) is never written: the provider's ``env_key`` names the
    variable :data:`KEY_VARIABLE` it is handed in.
 
-The provider's ``name`` is ``OpenAI``: Codex compacts a long conversation on the server
-(remote compaction) only for a provider of that exact name (or an Azure one). What else
-the name changes in Codex is written beside :data:`PROVIDER_NAME`.
+The provider's ``name`` is ``azure``: Codex compacts a long conversation on the server
+(remote compaction) only for a provider it takes for OpenAI's or Azure's, and of the two
+names only this one changes nothing else it sends (:data:`PROVIDER_NAME`).
 
 Then Codex replaces this process (``exec``), with the arguments after ``--``. Exit
 status: Codex's own; 2 when Codex cannot be started (not installed, no server at the
@@ -48,13 +48,17 @@ from app.transport.auth import parse_key
 
 INSTALL_HINT = "Install it with `npm install -g @openai/codex` (Node.js 18 or later), or name it with ORS_CODEX_BIN."
 PROVIDER_ID = "ors"
-PROVIDER_NAME = "OpenAI"
-"""The provider's ``name``. Codex tests the name, exactly, for OpenAI's own service: it
-then runs compaction on the server (what this name is for), and also registers its
-image-generation and web-search tools (turned off in :func:`codex_settings`: this server
-runs neither), compresses request bodies (only with a ChatGPT login, which this home has
-not) and refreshes a login after a 401 (only without ``env_key``). The login
-requirement is its own setting, ``requires_openai_auth``, left off."""
+PROVIDER_NAME = "azure"
+"""The provider's ``name``. Codex 0.171 runs compaction on the server (it appends a
+``compaction_trigger`` to the request) only for a provider named ``OpenAI`` exactly, or
+one it takes for Azure's (named ``azure`` in any case, or at an Azure address); any
+other provider gets a summary asked of the model as a user message. Measured against
+the real Codex: as ``OpenAI`` it also adds OpenAI's private
+``internal_chat_message_metadata_passthrough`` to every input message, which this
+server refuses as an unknown parameter; as ``azure`` its requests are otherwise those
+of any provider (the same tools and input, ``store: false``, the key as a bearer token,
+WebSocket when ``supports_websockets``), and no login is asked for
+(``requires_openai_auth`` stays off)."""
 KEY_VARIABLE = "ORS_CODEX_API_KEY"
 """The environment variable Codex reads the server's key from (the provider's ``env_key``)."""
 HOME_DIR = "codex"
@@ -235,7 +239,8 @@ def fetch_catalog(base_url: str, key: str | None, version: str) -> dict[str, Any
 
 
 def codex_settings(base_url: str, model: str, catalog: Path, *, keyed: bool) -> dict[str, Any]:
-    """The ``config.toml`` of the home, as a mapping (see the module docstring)."""
+    """The ``config.toml`` of the home, as a mapping (see the module docstring). Codex's
+    hosted web search is off (this server runs none), and so is its image generation."""
     provider: dict[str, Any] = {
         "name": PROVIDER_NAME,
         "base_url": base_url,

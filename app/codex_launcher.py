@@ -59,6 +59,13 @@ server refuses as an unknown parameter; as ``azure`` its requests are otherwise 
 of any provider (the same tools and input, ``store: false``, the key as a bearer token,
 WebSocket when ``supports_websockets``), and no login is asked for
 (``requires_openai_auth`` stays off)."""
+STREAM_IDLE_MS = 30 * 60 * 1000
+"""How long Codex waits for the next event of a stream before it drops the connection and
+sends the request again, at most 5 times. Its default, 5 minutes, is less than the
+embedded model on two busy cores takes to read Codex's first request (about 9,500
+tokens at 25 to 35 tokens a second): the first turn was dropped and sent again each 5
+minutes until the prefix cache had caught up. The server ends the stream of a model
+that hangs itself (``ORS_MODEL_HANG_SECONDS``)."""
 KEY_VARIABLE = "ORS_CODEX_API_KEY"
 """The environment variable Codex reads the server's key from (the provider's ``env_key``)."""
 HOME_DIR = "codex"
@@ -246,6 +253,7 @@ def codex_settings(base_url: str, model: str, catalog: Path, *, keyed: bool) -> 
         "base_url": base_url,
         "wire_api": "responses",
         "supports_websockets": True,
+        "stream_idle_timeout_ms": STREAM_IDLE_MS,
     }
     if keyed:
         provider["env_key"] = KEY_VARIABLE

@@ -80,7 +80,7 @@ def test_codex_gets_a_home_of_its_own_with_the_server_and_its_catalog(
     assert config["model_provider"] == "ors" and config["model"] == "scripted-text"
     assert config["model_providers"]["ors"] == {
         "name": "azure", "base_url": f"http://127.0.0.1:{keyed.port}/v1", "wire_api": "responses",
-        "supports_websockets": True, "env_key": "ORS_CODEX_API_KEY",
+        "supports_websockets": True, "env_key": "ORS_CODEX_API_KEY", "stream_idle_timeout_ms": 1_800_000,
     }
     assert config["model_catalog_json"] == str(home / "catalog.json")
 

@@ -3,14 +3,14 @@
 #
 # Checks, from quickest to whole:
 #   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
-#   make test-fast  lint, then the tests that need no PostgreSQL, no Redis and no embedded
-#                   model (no llama-server build, no model files) and are not slow: about
-#                   two minutes on two cores.
+#   make test-fast  lint, then the tests that need no PostgreSQL, no Redis, no embedded
+#                   model (no llama-server build, no model files) and no Codex CLI, and are
+#                   not slow: about two minutes on two cores.
 #   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
 #                   ORS_TEST_REDIS_URL name others), builds llama-server once, and installs
 #                   the pinned Codex CLI with npm (Node.js 20).
-# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py),
+# Tests are marked by what they need (`postgres`, `redis`, `model`, `codex`; see tests/conftest.py),
 # and `slow` where they take minutes anyway; any other selection runs with, for example,
 # `.venv/bin/python -m pytest -m "not model"`.
 

@@ -42,6 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import ValidationError
 
 from app.config import Settings
 from app.transport.auth import parse_key
@@ -101,7 +102,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        launch = prepare(Settings(), url=args.url, model=args.model, api_key=args.api_key,
+        settings = Settings()
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = ".".join(str(part) for part in error["loc"])
+            print(f"ors codex: ORS_{name.upper()}: {error['msg']}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        launch = prepare(settings, url=args.url, model=args.model, api_key=args.api_key,
                          codex_args=args.codex_args, environ=os.environ)
     except LaunchError as exc:
         print(f"ors codex: {exc}", file=sys.stderr)
@@ -185,7 +193,7 @@ def default_instructions(codex: Path, home: Path, environ: Mapping[str, str]) ->
     except (ValueError, KeyError, TypeError, AttributeError):
         reason = done.stderr.strip().splitlines()[:1] or [done.stdout[:200]]
         raise LaunchError(f"{codex} debug models --bundled printed no model catalog ({reason[0]!r}); "
-                          f"ors codex needs a Codex that has this command (0.171 or later). {INSTALL_HINT}") from None
+                          f"ors codex needs a Codex that has this command (0.171 has it). {INSTALL_HINT}") from None
     direct = [model for model in listed
               if not model.get("use_responses_lite") and model.get("tool_mode") in (None, "direct")]
     for model in [*direct, *listed]:

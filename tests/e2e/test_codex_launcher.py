@@ -156,3 +156,9 @@ def test_a_url_that_is_no_http_url_is_refused(fake: Path, tmp_path: Path, url: s
     done = ors_codex(["--url", url, "--", "exec", "hi"], {"ORS_CODEX_BIN": str(fake)}, tmp_path / "data")
     assert done.returncode == 2
     assert "--url must be an http(s) URL" in done.stderr
+
+
+def test_a_bad_setting_is_named(fake: Path, tmp_path: Path) -> None:
+    done = ors_codex(["--", "exec", "hi"], {"ORS_CODEX_BIN": str(fake), "ORS_PORT": "not-a-port"}, tmp_path / "data")
+    assert done.returncode == 2
+    assert "ORS_PORT" in done.stderr and "Traceback" not in done.stderr

@@ -75,7 +75,7 @@ def codex_model(info: ModelInfo, priority: int = 0) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "slug": info.id,
         "display_name": info.id,
-        "description": f"{info.id}, served by ors ({info.owned_by})",
+        "description": f"{info.id}, served by ors" + ("" if info.owned_by == "ors" else f" from {info.owned_by}"),
         "supported_reasoning_levels": [],
         "shell_type": "unified_exec",
         "visibility": "list",

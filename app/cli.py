@@ -1,4 +1,4 @@
-"""The ``ors`` console script: ``ors serve`` and ``ors gate``."""
+"""The ``ors`` console script: ``ors serve``, ``ors check``, ``ors gate`` and ``ors codex``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from app import gate_cli, logs
+from app import codex_launcher, gate_cli, logs
 from app.config import Settings
 from app.settings_doc import shown_default
 from compliance import __main__ as compliance_cli
@@ -185,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     gate = commands.add_parser("gate", help="check a logged item list with the replay gate, offline")
     gate_cli.add_arguments(gate)
     gate.set_defaults(handler=gate_cli.run)
+    codex = commands.add_parser(
+        "codex",
+        help="run the Codex CLI against this server",
+        description="Run the installed Codex CLI (ORS_CODEX_BIN) against an ors server, with a Codex home "
+        "of its own in ORS_DATA_DIR/codex: a provider for the server and the server's model catalog. "
+        "Arguments after -- are Codex's.",
+    )
+    codex_launcher.add_arguments(codex)
+    codex.set_defaults(handler=codex_launcher.run)
     return parser
 
 

@@ -241,6 +241,10 @@ class Settings(BaseSettings):
     the next ``previous_response_id`` turn does not reload and convert the whole chain
     (``0``: off; the store is still asked whether the response exists)."""
 
+    codex_bin: str = "codex"
+    """The Codex CLI that ``ors codex`` runs: a path, or a name looked up on ``PATH``. Codex
+    is installed with ``npm install -g @openai/codex``."""
+
     log_level: str = "info"
     """The log level (``debug``, ``info``, ``warning``, ``error``)."""
     metrics_key: SecretStr | None = None

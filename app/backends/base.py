@@ -272,9 +272,17 @@ Delta = (TextDelta | ReasoningDelta | ToolCallDelta | ToolSearchCallDelta | Tool
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """A served model, as listed, with what a client may count on from it."""
+
     id: str
     owned_by: str
     context_window: int | None = None
+    images: bool = True
+    """Whether an image in the input reaches the model (a text-only embedded model is
+    shown a note in its place); an upstream's model gets what is sent and decides."""
+    lark_grammars: bool = False
+    """Whether a ``custom`` tool's Lark grammar holds the model's calls of it (Codex's
+    freeform ``apply_patch``); where it does not, such a tool is not offered."""
 
 
 @dataclass(frozen=True, slots=True)

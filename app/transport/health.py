@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from app.engine.codex_catalog import check_client_version, codex_catalog
 from app.engine.engine import Engine
 from app.errors import StoreUnavailable
 from app.transport.deps import EngineDep, TenantDep
@@ -60,8 +61,12 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/v1/models")
-async def list_models(engine: EngineDep, _: TenantDep) -> dict[str, Any]:
-    """The models this server serves, in the OpenAI list shape."""
+async def list_models(engine: EngineDep, _: TenantDep, client_version: str | None = None) -> dict[str, Any]:
+    """The models this server serves, in the OpenAI list shape; with ``client_version``
+    (Codex's version, as Codex asks), Codex's catalog of them (:mod:`app.engine.codex_catalog`)."""
+    if client_version is not None:
+        check_client_version(client_version)
+        return codex_catalog(await engine.router.available_models(), engine.router.default_model)
     return {
         "object": "list",
         "data": [

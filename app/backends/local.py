@@ -90,11 +90,11 @@ log = logging.getLogger("ors.local")
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32
 DEFAULT_CACHE_RAM_MIB = 2048
-HOLDS_LARK_GRAMMARS = False
-"""The one switch for Lark grammars on the embedded models: whether a forced call of a
-``custom`` tool with a Lark grammar (Codex's freeform ``apply_patch``) is held to that
-grammar here. Off while only regex grammars are converted; on, the models are listed
-with ``lark_grammars`` (and Codex's catalog offers them freeform ``apply_patch``)."""
+HOLDS_LARK_GRAMMARS = True
+"""Whether a forced call of a ``custom`` tool with a Lark grammar (Codex's freeform
+``apply_patch``) is held to that grammar here (:mod:`app.backends.lark_gbnf`): the
+models are then listed with ``lark_grammars``, and Codex's catalog offers them freeform
+``apply_patch``."""
 
 class LocalModel:
     """A loaded model: its vocabulary here, its llama-server there, and its slots."""

@@ -10,7 +10,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from app.backends.local import LocalBackend
 from app.backends.scripted import ScriptedBackend
@@ -27,9 +29,7 @@ PINNED = json.loads((Path(__file__).resolve().parents[2] / "package.json").read_
 METADATA_WARNING = "Model metadata for"
 EXEC_SECONDS = 900
 HTTP_ONLY = ["-c", "model_providers.ors.supports_websockets=false"]
-"""Codex arguments that keep it on HTTP: Codex 0.171 opens its WebSocket with a
-``generate: false`` warm-up and sends ``stream: true`` in every ``response.create``,
-which this server does not take yet (see :func:`test_codex_exec_over_websocket`)."""
+"""Codex arguments that keep it on HTTP (``ors codex`` has it speak WebSocket)."""
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_codex_exec_reaches_the_model_with_codexs_instructions(
     backend.requests.clear()
     try:
         done = ors_codex(codex, server.url, tmp_path / "data", [
-            "exec", *HTTP_ONLY, "-C", str(repo), "Reply with the single word hello and nothing else."],
+            "exec", "-C", str(repo), "Reply with the single word hello and nothing else."],
             timeout=EXEC_SECONDS)
         output = done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:  # a small model may keep calling tools; the first turn is what counts
@@ -137,10 +137,20 @@ def test_codex_exec_completes_a_turn_over_http(codex: Path, scripted_server: Liv
 
 
 @pytest.mark.codex
-@pytest.mark.xfail(strict=True, reason="the WebSocket transport refuses `stream` and has no `generate: false` "
-                   "warm-up yet (issue 43, WebSocket mode); Codex 0.171 sends both")
 def test_codex_exec_over_websocket(codex: Path, scripted_server: LiveServer, tmp_path: Path) -> None:
+    """``ors codex`` has Codex speak WebSocket (its warm-up, then the turn), with no
+    fallback to HTTP: the server sees no ``POST /v1/responses`` meanwhile."""
     repo = repository(tmp_path / "repo")
+    posts = _responses_posted(scripted_server)
     done = ors_codex(codex, scripted_server.url, tmp_path / "data", ["exec", "-C", str(repo), "Say hello."])
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Hello, world." in done.stdout
+    assert METADATA_WARNING not in done.stdout + done.stderr
+    assert _responses_posted(scripted_server) == posts
+
+
+def _responses_posted(server: LiveServer) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "ors_http_requests_total" and sample.labels.get("route") == "/v1/responses"
+               and sample.labels.get("method") == "POST")

@@ -14,11 +14,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.backends.base import Delta, GenerationRequest
 from app.backends.local import LocalBackend
-from app.backends.scripted import ScriptedBackend
+from app.backends.scripted import ScriptedBackend, text_script
 from app.codex_launcher import default_instructions
 from app.config import Settings
 from app.main import create_app
+from compliance.stream import TERMINAL_EVENT_TYPES, StreamChecker
+from tests.asgi_tap import Connection, Tap
 from tests.codex_model_info import check_catalog
 from tests.conftest import SMOL
 from tests.live import LiveServer
@@ -57,6 +60,31 @@ def scripted_server(scripted: ScriptedBackend, tmp_path_factory: pytest.TempPath
     settings = Settings(default_model="scripted-text", data_dir=tmp_path_factory.mktemp("codex-scripted"))
     server = LiveServer(create_app(settings, backends=[scripted])).start()
     yield server
+    server.stop()
+
+
+SUMMARY = "The user asked for a greeting and was greeted."
+"""What the scripted model answers when the server has it summarise a conversation."""
+COMPACT_LIMIT = 200
+"""A ``model_auto_compact_token_limit`` below what Codex's first turn costs (its
+instructions and tools alone are thousands of words, the scripted model's usage)."""
+
+
+def _summarising_script(request: GenerationRequest) -> list[Delta]:
+    """Codex offers tools on every turn it sends; the server's summariser offers none."""
+    return text_script(SUMMARY) if not request.tools else text_script("Hello", ", ", "world", ".")
+
+
+@pytest.fixture
+def tapped(tmp_path: Path) -> Iterator[tuple[LiveServer, ScriptedBackend, list[Connection]]]:
+    """The real server on a scripted model that tells a summary from an answer, with every
+    WebSocket frame either way recorded."""
+    backend = ScriptedBackend({"scripted-text": _summarising_script})
+    app = create_app(Settings(default_model="scripted-text", data_dir=tmp_path / "server"), backends=[backend])
+    log: list[Connection] = []
+    app.add_middleware(Tap, log=log)
+    server = LiveServer(app).start()
+    yield server, backend, log
     server.stop()
 
 
@@ -149,8 +177,115 @@ def test_codex_exec_over_websocket(codex: Path, scripted_server: LiveServer, tmp
     assert _responses_posted(scripted_server) == posts
 
 
+@pytest.mark.codex
+def test_codex_compacts_on_the_server_and_continues(
+        codex: Path, tapped: tuple[LiveServer, ScriptedBackend, list[Connection]], tmp_path: Path) -> None:
+    """A session through ``ors codex`` resumed with a compaction limit its history
+    exceeds: Codex sends a turn whose input ends with ``compaction_trigger`` over its
+    WebSocket (remote compaction, as the provider named ``azure`` gets), the server
+    answers one ``compaction`` item, Codex carries that item into the next turn, the
+    server reads the summary back to the model, and the task completes; nothing goes
+    over HTTP, neither ``POST /v1/responses`` nor ``/v1/responses/compact``."""
+    server, backend, log = tapped
+    repo = repository(tmp_path / "repo")
+    posts = _posted(server, "/v1/responses"), _posted(server, "/v1/responses/compact")
+    first = ors_codex(codex, server.url, tmp_path / "data", ["exec", "-C", str(repo), "Say hello."])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "Hello, world." in first.stdout
+    assert not [turn for turn in _turns(log) if _is_compaction(turn[0])], "no limit, no compaction"
+    opened = len(log)
+
+    second = ors_codex(codex, server.url, tmp_path / "data", [
+        "exec", "-C", str(repo), "-c", f"model_auto_compact_token_limit={COMPACT_LIMIT}",
+        "resume", "--last", "Say hello again."])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Hello, world." in second.stdout
+    assert METADATA_WARNING not in second.stdout + second.stderr
+    assert "context compacted" in second.stderr
+
+    turns = _turns(log[opened:])
+    compactions = [index for index, (request, _) in enumerate(turns) if _is_compaction(request)]
+    assert len(compactions) == 1, [request["input"][-1:] for request, _ in turns]
+    request, compacted = turns[compactions[0]]
+    assert compacted["status"] == "completed"
+    assert [item["type"] for item in compacted["output"]] == ["compaction"], compacted["output"]
+    sealed = compacted["output"][0]["encrypted_content"]
+    assert sealed
+    assert any(item.get("role") == "user" and "Say hello." in json.dumps(item) for item in request["input"])
+
+    later = turns[compactions[0] + 1:]
+    carried = [(request, final) for request, final in later
+               if any(item.get("type") == "compaction" and item.get("encrypted_content") == sealed
+                      for item in request["input"])]
+    assert carried, "Codex's next turn carries the compaction item the server sealed"
+    request, answered = carried[-1]
+    assert answered["status"] == "completed"
+    assert "Hello, world." in json.dumps(answered["output"])
+    assert "Say hello again." in json.dumps(request["input"])
+    assert not any(item.get("type") == "compaction_trigger" for request, _ in later for item in request["input"])
+
+    summarised = [request for request in backend.requests if not request.tools]
+    assert len(summarised) == 1 and "Say hello." in summarised[0].messages[-1].content
+    assert any(SUMMARY in message.content for message in backend.requests[-1].messages), \
+        "the summary the item seals reached the model on the turn after it"
+    assert (_posted(server, "/v1/responses"), _posted(server, "/v1/responses/compact")) == posts
+    for _, final in _turns(log):
+        listed = httpx.get(f"{server.url}/v1/responses/{final['id']}/input_items", timeout=10)
+        assert listed.status_code in (200, 404), listed.text
+        if listed.status_code == 200:
+            assert all(item["type"] != "compaction_trigger" for item in listed.json()["data"])
+
+
+@pytest.mark.codex
+def test_codex_compacts_in_the_client_under_another_provider_name(
+        codex: Path, tapped: tuple[LiveServer, ScriptedBackend, list[Connection]], tmp_path: Path) -> None:
+    """Why ``ors codex`` names its provider ``azure``: named otherwise, the same session
+    sends no ``compaction_trigger``, and Codex asks the model for a summary in a turn of
+    its own instead (local compaction)."""
+    server, _, log = tapped
+    repo = repository(tmp_path / "repo")
+    assert ors_codex(codex, server.url, tmp_path / "data", ["exec", "-C", str(repo), "Say hello."]).returncode == 0
+    opened = len(log)
+    second = ors_codex(codex, server.url, tmp_path / "data", [
+        "exec", "-C", str(repo), "-c", f"model_auto_compact_token_limit={COMPACT_LIMIT}",
+        "-c", 'model_providers.ors.name="ors"', "resume", "--last", "Say hello again."])
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "context compacted" in second.stderr, "Codex compacted, on its side"
+    turns = _turns(log[opened:])
+    assert turns and not [turn for turn in turns if _is_compaction(turn[0])]
+    assert not any(item.get("type") == "compaction" for request, _ in turns for item in request["input"])
+
+
+def _is_compaction(request: dict[str, object]) -> bool:
+    items = request.get("input")
+    return isinstance(items, list) and bool(items) and items[-1] == {"type": "compaction_trigger"}
+
+
+def _turns(connections: list[Connection]) -> list[tuple[dict[str, object], dict[str, object]]]:
+    """Each ``response.create`` of the connections with the final response of its turn,
+    in order; every event is checked (the vendored spec's schemas, WebSocket rules).
+    Codex runs one turn at a time on a connection, without ``stream_id``."""
+    turns = []
+    for connection in connections:
+        requests = [frame for frame in connection.received() if frame.get("type") == "response.create"]
+        checker = StreamChecker(transport="websocket")
+        finals = []
+        for event in connection.sent():
+            checker.feed(event)
+            if event["type"] in TERMINAL_EVENT_TYPES:
+                finals.append(checker.finish())
+                checker = StreamChecker(transport="websocket")
+        assert len(finals) == len(requests), (connection.path, [frame.get("type") for frame in connection.sent()])
+        turns += list(zip(requests, finals, strict=True))
+    return turns
+
+
 def _responses_posted(server: LiveServer) -> float:
+    return _posted(server, "/v1/responses")
+
+
+def _posted(server: LiveServer, route: str) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == "ors_http_requests_total" and sample.labels.get("route") == "/v1/responses"
+               if sample.name == "ors_http_requests_total" and sample.labels.get("route") == route
                and sample.labels.get("method") == "POST")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -18,6 +19,7 @@ from app.backends.base import (
     Delta,
     Finish,
     GenerationRequest,
+    OutputFormat,
     Sampling,
     TextDelta,
     ToolCall,
@@ -26,6 +28,8 @@ from app.backends.base import (
     ToolSpec,
 )
 from app.backends.local import LocalBackend
+from app.backends.local_completion import completion_body, make_plan
+from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.toolcalls import ToolCallParser
 from app.backends.vocabulary import Vocabulary
 from app.errors import InvalidRequest
@@ -276,3 +280,44 @@ async def test_qwen_forced_call_is_written_in_its_own_tags(qwen: LocalBackend, m
     assert call.name == "search_web" and json.loads(call.arguments)["query"]
     assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls" and len(deltas) == 2
     assert raw[0] == "<tool_call>" and "".join(raw).endswith("}\n</tool_call>")
+
+
+def plan_body(vocabulary: Vocabulary, request: GenerationRequest) -> dict[str, object]:
+    return completion_body(make_plan(request, LOCAL_MODELS[request.model], vocabulary), [1, 2, 3], 16)
+
+
+def test_qwen_auto_sends_the_call_grammar_lazily_and_none_sends_nothing(qwen_cache_dir: Path) -> None:
+    vocabulary = Vocabulary(LOCAL_MODELS[QWEN], ModelFiles(qwen_cache_dir).path(QWEN))
+    try:
+        opening = vocabulary.call_shape.trigger
+        assert opening is not None
+        auto = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS))
+        assert auto["grammar_lazy"] is True
+        assert auto["grammar_triggers"] == [{"type": 0, "value": "<tool_call>", "token": opening}]
+        forced = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="required")))
+        assert auto["grammar"] == forced["grammar"] and "grammar_lazy" not in forced
+        assert str(auto["grammar"]).startswith("root ::= tool-call-block")
+        for quiet in (ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="none")),
+                      ask("hi", model=QWEN, tools=())):
+            body = plan_body(vocabulary, quiet)
+            assert not {"grammar", "grammar_lazy", "grammar_triggers"} & set(body)
+        # A text.format schema keeps its own grammar, applied from the first token.
+        formatted = replace(ask("hi", model=QWEN, tools=QWEN_TOOLS),
+                            output_format=OutputFormat(kind="json_schema", schema={"type": "object"}))
+        body = plan_body(vocabulary, formatted)
+        assert "grammar" in body and "grammar_lazy" not in body
+        # A schema the converter refuses leaves the call free under auto, as before.
+        odd = ToolSpec(name="odd", parameters={"type": "object", "properties": {"x": {"$ref": "https://x/y"}}})
+        body = plan_body(vocabulary, ask("hi", model=QWEN, tools=(odd,)))
+        assert not {"grammar", "grammar_lazy"} & set(body)
+    finally:
+        vocabulary.close()
+
+
+def test_smollm2_writes_bare_calls_and_gets_no_lazy_grammar(tmp_path: Path) -> None:
+    vocabulary = Vocabulary(LOCAL_MODELS[SMOLLM2], ModelFiles(tmp_path).path(SMOLLM2))
+    try:
+        assert vocabulary.call_shape.trigger is None
+        assert not {"grammar", "grammar_lazy"} & set(plan_body(vocabulary, ask("hi")))
+    finally:
+        vocabulary.close()

@@ -321,3 +321,36 @@ def test_smollm2_writes_bare_calls_and_gets_no_lazy_grammar(tmp_path: Path) -> N
         assert not {"grammar", "grammar_lazy"} & set(plan_body(vocabulary, ask("hi")))
     finally:
         vocabulary.close()
+
+
+SHORT_CITY = ToolSpec(
+    name="get_weather",
+    description="Current weather for a city",
+    parameters={"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"],
+                "additionalProperties": False},
+)
+
+
+@pytest.mark.slow
+async def test_qwen_auto_call_opened_with_its_tag_is_held_to_the_schema(
+    qwen: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once Qwen opens a call with its tag token under ``auto``, the lazy grammar holds
+    the call: "Paris" does not fit ``maxLength: 3``. (Qwen2.5-Coder 1.5B writes this call
+    in a fenced block of its own accord; a bias on the tag token makes it open the call
+    with the tag, which is what the grammar waits for.)"""
+    from app.backends import local
+
+    tag = (await qwen._loaded(qwen._entry(QWEN))).vocabulary.call_shape.trigger
+    body = local.completion_body
+    monkeypatch.setattr(local, "completion_body", lambda *args: {**body(*args), "logit_bias": [[tag, 30.0]]})
+    raw = record_raw_text(monkeypatch)
+    policy = ToolPolicy(parallel=False)
+    deltas = await collect(qwen, ask("What's the weather in Paris?", model=QWEN, tools=(SHORT_CITY, SEARCH),
+                                     policy=policy, max_tokens=48))
+
+    [call] = calls_of(deltas)
+    assert call.name == "get_weather", raw
+    jsonschema.validate(json.loads(call.arguments), SHORT_CITY.parameters)
+    assert raw[0] == "<tool_call>" and "".join(raw).endswith("}\n</tool_call>")
+    assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls"

@@ -26,6 +26,9 @@ class CallShape:
     open: str = ""
     close: str = ""
     separator: str = r'"\n"'
+    trigger: int | None = None
+    """The single vocabulary token that opens a call (``<tool_call>``), if there is one:
+    what a lazy grammar waits for (:func:`app.backends.grammar.lazy_call_grammar`)."""
 
 
 def call_shape(template_renders_tools: bool, tag_tokens: tuple[int, int] | None = None) -> CallShape:
@@ -34,7 +37,8 @@ def call_shape(template_renders_tools: bool, tag_tokens: tuple[int, int] | None 
     if not template_renders_tools:
         return CallShape()
     if tag_tokens is not None:
-        return CallShape(open=rf'<[{tag_tokens[0]}]> "\n"', close=rf'"\n" <[{tag_tokens[1]}]>')
+        return CallShape(open=rf'<[{tag_tokens[0]}]> "\n"', close=rf'"\n" <[{tag_tokens[1]}]>',
+                         trigger=tag_tokens[0])
     return CallShape(open=gbnf_literal(TAG_OPEN + "\n"), close=gbnf_literal("\n" + TAG_CLOSE))
 
 

@@ -12,9 +12,12 @@ so that no schema makes a grammar the parser cannot hold:
   its native shape (:mod:`app.backends.call_syntax`): tagged calls for a template with a
   tools section, bare objects otherwise. Several calls are allowed when the policy
   permits, up to ``MAX_FORCED_CALLS``, except when a single tool is allowed: that is how
-  a named function arrives, and a named function is called exactly once. Under ``auto``
-  generation is free and the output parser (:mod:`app.backends.toolcalls`) alone
-  enforces the policy.
+  a named function arrives, and a named function is called exactly once;
+* :func:`lazy_call_grammar` is the same grammar under ``auto``, for llama.cpp to apply
+  only once the model opens a call with its single tag token (``grammar_lazy``): the
+  text before it is free, the call is held to the tools. A model that writes bare
+  objects gets none (its call cannot be told from text as it starts); the output parser
+  (:mod:`app.backends.toolcalls`) enforces the policy on every call either way.
 
 A custom tool's Lark grammar (:class:`~app.backends.base.TextGrammar`) holds its input
 instead (:mod:`app.backends.lark_gbnf`): the call's arguments are ``{"input": "..."}``
@@ -157,6 +160,27 @@ def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: Call
     """
     if policy.mode != "required":
         return None
+    grammar = _calls_grammar(tools, policy, shape)
+    if grammar is None:
+        raise InvalidRequest("tool_choice requires a call, but allows none of the tools given.", param="tool_choice")
+    return grammar
+
+
+def lazy_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape) -> str | None:
+    """Under ``auto``, the grammar of :func:`tool_call_grammar` for llama.cpp to apply
+    lazily: only once the model writes its opening tag token (``shape.trigger``), so the
+    text before a call is free and the call itself is held to the allowed tools' names
+    and arguments. ``None`` for another mode, for a shape without a single opening token
+    (a bare object cannot be told from text when it starts), or when no tool may be
+    called. Raises as :func:`tool_call_grammar` does for a schema it cannot convert."""
+    if policy.mode != "auto" or shape.trigger is None:
+        return None
+    return _calls_grammar(tools, policy, shape)
+
+
+def _calls_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape) -> str | None:
+    """One or more calls to the tools ``policy`` allows, in ``shape``; ``None`` when it
+    allows none of them."""
     converter = _Converter()
     alternatives: list[str] = []
     seen: set[str] = set()
@@ -168,7 +192,7 @@ def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: Call
         prefix = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
         alternatives.append(f'{gbnf_literal(prefix)} {arguments} "}}"')
     if not alternatives:
-        raise InvalidRequest("tool_choice requires a call, but allows none of the tools given.", param="tool_choice")
+        return None
     limits = [MAX_FORCED_CALLS] + ([policy.max_calls] if policy.max_calls is not None else [])
     named = policy.allowed is not None and len(set(policy.allowed)) == 1
     count = max(1, min(limits)) if policy.parallel and not named else 1

@@ -43,7 +43,8 @@ Requests, the contract in full:
 Tools: every tool of the request is rendered into the prompt whatever the tool policy
 (``prompting``); the default output parser turns the model's written calls into
 ``ToolCallDelta``s and enforces the policy, and a grammar (sent with the request, applied
-per sequence by llama-server) forces a call when one is required (``toolcalls``). What
+per sequence by llama-server) forces a call when one is required (``toolcalls``), and
+under ``auto`` holds a call the model opens with its tag token (lazily, ``grammar``). What
 one generation asks of llama-server, and how its chunks become deltas, logprobs and
 usage, is :mod:`app.backends.local_completion`'s.
 """

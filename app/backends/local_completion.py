@@ -3,8 +3,9 @@
 back into deltas (:class:`CompletionReader`).
 
 The plan: a grammar when one is needed (a tool call the policy requires, else a JSON
-Schema output format: ``toolcalls``, ``prompting``), the model's own sampling defaults
-under what the request sets, the output budget, and logprobs (llama-server's
+Schema output format, else, under ``auto``, the call grammar applied lazily, from the
+model's opening tag token on: ``grammar``, ``prompting``), the model's own sampling
+defaults under what the request sets, the output budget, and logprobs (llama-server's
 ``n_probs``: the log-softmax of the model's own distribution at each position, before
 sampling).
 
@@ -33,12 +34,17 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.grammar import check_text_grammars
+from app.backends.call_syntax import TAG_OPEN
+from app.backends.grammar import check_text_grammars, lazy_call_grammar
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
 from app.backends.toolcalls import tool_call_grammar
 from app.backends.vocabulary import Vocabulary
+from app.errors import InvalidRequest
+
+TRIGGER_TOKEN = 0
+"""llama.cpp's ``COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN``: a trigger that is one token id."""
 
 _STOP_REASONS: dict[str, FinishReason] = {"limit": "length", "eos": "stop", "word": "stop"}
 
@@ -82,6 +88,9 @@ class Plan:
     grammar: str | None
     grammar_source: str
     """The request parameter the grammar was made from, named when llama.cpp rejects it."""
+    trigger: int | None
+    """The token after which llama-server applies the grammar (``grammar_lazy``), or
+    ``None`` for a grammar applied from the first token."""
     max_tokens: int | None
     sampling: dict[str, float]
     logprobs: bool = False
@@ -96,9 +105,14 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
     defaults = spec.sampling
     callable_tools = (*request.tools, *request.late_tools) if request.late_tools else request.tools
     check_text_grammars(callable_tools)
-    grammar, source = tool_call_grammar(callable_tools, request.tool_policy, vocabulary.call_shape), "tools"
+    shape = vocabulary.call_shape
+    grammar, source = tool_call_grammar(callable_tools, request.tool_policy, shape), "tools"
     if grammar is None:
         grammar, source = output_grammar(request.output_format), "text.format.schema"
+    trigger = None
+    if grammar is None and request.tool_policy.mode == "auto" and shape.trigger is not None:
+        grammar, source = _lazy_grammar(callable_tools, request, vocabulary), "tools"
+        trigger = shape.trigger if grammar is not None else None
     if grammar is not None:
         grammar = unicode_text(grammar)
     return Plan(
@@ -106,6 +120,7 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
         tools=request.tools,
         grammar=grammar,
         grammar_source=source,
+        trigger=trigger,
         max_tokens=chosen.max_output_tokens or spec.default_max_output_tokens,
         sampling={
             "temperature": defaults.temperature if chosen.temperature is None else chosen.temperature,
@@ -121,6 +136,19 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
     )
 
 
+def _lazy_grammar(tools: Sequence[ToolSpec], request: GenerationRequest, vocabulary: Vocabulary) -> str | None:
+    """The call grammar under ``auto``, or ``None`` (free text, every call parsed
+    afterwards) when a tool's schema cannot become one or llama.cpp refuses it: a call
+    the model may choose not to make does not fail the request."""
+    try:
+        grammar = lazy_call_grammar(tools, request.tool_policy, vocabulary.call_shape)
+    except InvalidRequest:
+        return None
+    if grammar is None or not vocabulary.accepts_grammar(unicode_text(grammar)):
+        return None
+    return grammar
+
+
 def completion_body(plan: Plan, tokens: list[int], max_tokens: int) -> dict[str, Any]:
     """The ``POST /completion`` body: the prompt as token ids with ``cache_prompt`` (the
     prefix llama-server already holds is not evaluated again), at most ``max_tokens``."""
@@ -130,8 +158,16 @@ def completion_body(plan: Plan, tokens: list[int], max_tokens: int) -> dict[str,
         "cache_prompt": True,
         **plan.sampling,
         **({"grammar": plan.grammar} if plan.grammar is not None else {}),
+        **(_lazy_triggers(plan.trigger) if plan.trigger is not None else {}),
         **({"n_probs": max(1, plan.top_logprobs)} if plan.logprobs else {}),
     }
+
+
+def _lazy_triggers(token: int) -> dict[str, Any]:
+    """The grammar waits for ``token`` (the opening tag) and holds what follows it; the
+    token itself is the grammar's first element, so nothing is replayed into it."""
+    return {"grammar_lazy": True,
+            "grammar_triggers": [{"type": TRIGGER_TOKEN, "value": TAG_OPEN, "token": token}]}
 
 
 class CompletionReader:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -18,6 +19,7 @@ from app.backends.base import (
     Delta,
     Finish,
     GenerationRequest,
+    OutputFormat,
     Sampling,
     TextDelta,
     ToolCall,
@@ -26,6 +28,8 @@ from app.backends.base import (
     ToolSpec,
 )
 from app.backends.local import LocalBackend
+from app.backends.local_completion import completion_body, make_plan
+from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.toolcalls import ToolCallParser
 from app.backends.vocabulary import Vocabulary
 from app.errors import InvalidRequest
@@ -276,3 +280,77 @@ async def test_qwen_forced_call_is_written_in_its_own_tags(qwen: LocalBackend, m
     assert call.name == "search_web" and json.loads(call.arguments)["query"]
     assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls" and len(deltas) == 2
     assert raw[0] == "<tool_call>" and "".join(raw).endswith("}\n</tool_call>")
+
+
+def plan_body(vocabulary: Vocabulary, request: GenerationRequest) -> dict[str, object]:
+    return completion_body(make_plan(request, LOCAL_MODELS[request.model], vocabulary), [1, 2, 3], 16)
+
+
+def test_qwen_auto_sends_the_call_grammar_lazily_and_none_sends_nothing(qwen_cache_dir: Path) -> None:
+    vocabulary = Vocabulary(LOCAL_MODELS[QWEN], ModelFiles(qwen_cache_dir).path(QWEN))
+    try:
+        opening = vocabulary.call_shape.trigger
+        assert opening is not None
+        auto = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS))
+        assert auto["grammar_lazy"] is True
+        assert auto["grammar_triggers"] == [{"type": 0, "value": "<tool_call>", "token": opening}]
+        forced = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="required")))
+        assert auto["grammar"] == forced["grammar"] and "grammar_lazy" not in forced
+        assert str(auto["grammar"]).startswith("root ::= tool-call-block")
+        for quiet in (ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="none")),
+                      ask("hi", model=QWEN, tools=())):
+            body = plan_body(vocabulary, quiet)
+            assert not {"grammar", "grammar_lazy", "grammar_triggers"} & set(body)
+        # A text.format schema keeps its own grammar, applied from the first token.
+        formatted = replace(ask("hi", model=QWEN, tools=QWEN_TOOLS),
+                            output_format=OutputFormat(kind="json_schema", schema={"type": "object"}))
+        body = plan_body(vocabulary, formatted)
+        assert "grammar" in body and "grammar_lazy" not in body
+        # A schema the converter refuses leaves the call free under auto, as before.
+        odd = ToolSpec(name="odd", parameters={"type": "object", "properties": {"x": {"$ref": "https://x/y"}}})
+        body = plan_body(vocabulary, ask("hi", model=QWEN, tools=(odd,)))
+        assert not {"grammar", "grammar_lazy"} & set(body)
+    finally:
+        vocabulary.close()
+
+
+def test_smollm2_writes_bare_calls_and_gets_no_lazy_grammar(tmp_path: Path) -> None:
+    vocabulary = Vocabulary(LOCAL_MODELS[SMOLLM2], ModelFiles(tmp_path).path(SMOLLM2))
+    try:
+        assert vocabulary.call_shape.trigger is None
+        assert not {"grammar", "grammar_lazy"} & set(plan_body(vocabulary, ask("hi")))
+    finally:
+        vocabulary.close()
+
+
+SHORT_CITY = ToolSpec(
+    name="get_weather",
+    description="Current weather for a city",
+    parameters={"type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"],
+                "additionalProperties": False},
+)
+
+
+@pytest.mark.slow
+async def test_qwen_auto_call_opened_with_its_tag_is_held_to_the_schema(
+    qwen: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once Qwen opens a call with its tag token under ``auto``, the lazy grammar holds
+    the call: "Paris" does not fit ``maxLength: 3``. (Qwen2.5-Coder 1.5B writes this call
+    in a fenced block of its own accord; a bias on the tag token makes it open the call
+    with the tag, which is what the grammar waits for.)"""
+    from app.backends import local
+
+    tag = (await qwen._loaded(qwen._entry(QWEN))).vocabulary.call_shape.trigger
+    body = local.completion_body
+    monkeypatch.setattr(local, "completion_body", lambda *args: {**body(*args), "logit_bias": [[tag, 30.0]]})
+    raw = record_raw_text(monkeypatch)
+    policy = ToolPolicy(parallel=False)
+    deltas = await collect(qwen, ask("What's the weather in Paris?", model=QWEN, tools=(SHORT_CITY, SEARCH),
+                                     policy=policy, max_tokens=48))
+
+    [call] = calls_of(deltas)
+    assert call.name == "get_weather", raw
+    jsonschema.validate(json.loads(call.arguments), SHORT_CITY.parameters)
+    assert raw[0] == "<tool_call>" and "".join(raw).endswith("}\n</tool_call>")
+    assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls"

@@ -20,6 +20,7 @@ from app.backends.base import (
     ToolPolicy,
     ToolSpec,
 )
+from app.backends.grammar import lazy_call_grammar
 from app.backends.prompting import (
     DEFAULT_SYSTEM,
     JSON_CHAR_RULE,
@@ -319,10 +320,21 @@ def test_strings_in_grammars_exclude_raw_control_characters() -> None:
 
 def test_call_shapes() -> None:
     assert call_shape(False) == CallShape()
-    assert call_shape(True, (7, 8)) == CallShape(open='<[7]> "\\n"', close='"\\n" <[8]>')
-    assert call_shape(True).open == '"<tool_call>\\n"'
+    assert call_shape(True, (7, 8)) == CallShape(open='<[7]> "\\n"', close='"\\n" <[8]>', trigger=7)
+    assert call_shape(True).open == '"<tool_call>\\n"' and call_shape(True).trigger is None
     grammar = tool_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="required"), call_shape(True, (7, 8))) or ""
     assert 'tool-call-block ::= <[7]> "\\n" tool-call "\\n" <[8]>' in grammar
+
+
+def test_the_lazy_grammar_is_the_forced_one_under_auto_for_a_tagged_shape_only() -> None:
+    tagged = call_shape(True, (7, 8))
+    forced = tool_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="required"), tagged)
+    assert forced and lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), tagged) == forced
+    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="none"), tagged) is None
+    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="required"), tagged) is None
+    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), call_shape(True)) is None
+    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), CallShape()) is None
+    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(allowed=("nothing",)), tagged) is None
 
 
 def test_refs_of_different_tools_do_not_mix() -> None:

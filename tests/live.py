@@ -14,8 +14,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
@@ -61,6 +62,18 @@ class LiveServer:
         """What SIGTERM does: drain open streams, then stop."""
         self.server.handle_exit(signal.SIGTERM, None)
         self.thread.join(timeout=30)
+
+
+def serve_in_front(data: Path, upstreams: str, *, default_model: str, backends: Sequence[Any] = ()) -> LiveServer:
+    """A real server in front of the upstreams of ``upstreams`` (the config file's TOML,
+    written to ``data/ors.toml``), storing in ``data``; started."""
+    from app.config import Settings
+    from app.main import create_app
+
+    config = data / "ors.toml"
+    config.write_text(upstreams)
+    settings = Settings(data_dir=data, default_model=default_model, config=config)
+    return LiveServer(create_app(settings, backends=list(backends))).start()
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from tests.client import Client
 from tests.e2e.test_compaction_turn import CONVERSATION, EVENTS, TRIGGER, WEATHER, sealer_of, the_compaction
 from tests.e2e.test_responses_upstream import Recorder
 from tests.e2e.test_websocket import Socket
-from tests.live import LiveServer
+from tests.live import LiveServer, serve_in_front
 from tests.upstream_server import running_llama_server
 
 SUMMARY = "Alice's code word is PELICAN; launch on Tuesday."
@@ -49,15 +49,12 @@ def responses_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
 @pytest.fixture(scope="module")
 def front(responses_upstream: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("front")
-    config = data / "ors.toml"
-    config.write_text(f"""
+    server = serve_in_front(data, f"""
 [upstreams.far]
 base_url = "{responses_upstream.url}/v1"
 wire_api = "responses"
 prefixes = ["far/"]
-""")
-    server = LiveServer(create_app(Settings(data_dir=data, default_model="far/summariser", config=config),
-                                   backends=[])).start()
+""", default_model="far/summariser")
     yield server
     server.stop()
 

@@ -23,7 +23,7 @@ from tests.client import Client, output_text
 from tests.e2e.test_custom_tools import SUPERSET
 from tests.e2e.test_streamed_ids import assert_ids_kept
 from tests.e2e.test_websocket import Socket
-from tests.live import LiveServer
+from tests.live import LiveServer, serve_in_front
 from tests.upstream_server import ScriptedUpstream, running_scripted_upstream
 
 WEATHER = {
@@ -105,16 +105,13 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveSer
 def front_server(upstream: tuple[LiveServer, list[dict[str, Any]]],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("front")
-    config = data / "ors.toml"
-    config.write_text(f"""
+    server = serve_in_front(data, f"""
 [upstreams.far]
 base_url = "{upstream[0].url}/v1"
 wire_api = "responses"
 prefixes = ["far/"]
 list_models = true
-""")
-    server = LiveServer(create_app(Settings(data_dir=data, default_model="far/echo", config=config),
-                                   backends=[])).start()
+""", default_model="far/echo")
     yield server
     server.stop()
 
@@ -259,8 +256,7 @@ def sloppy() -> Iterator[ScriptedUpstream]:
 @pytest.fixture(scope="module")
 def sloppy_front(sloppy: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     data = tmp_path_factory.mktemp("sloppy-front")
-    config = data / "ors.toml"
-    config.write_text(f"""
+    server = serve_in_front(data, f"""
 [upstreams.sloppy]
 base_url = "{sloppy.base_url}"
 wire_api = "responses"
@@ -272,9 +268,7 @@ wire_api = "responses"
 prefixes = ["held/"]
 [upstreams.held.dialect]
 hold_text = true
-""")
-    server = LiveServer(create_app(Settings(data_dir=data, default_model="sloppy/x", config=config),
-                                   backends=[])).start()
+""", default_model="sloppy/x")
     client = Client(server.url)
     yield client
     client.close()

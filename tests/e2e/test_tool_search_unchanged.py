@@ -20,11 +20,9 @@ from app.backends.base import GenerationRequest
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.scripted import ScriptedBackend, text_script
 from app.backends.vocabulary import Vocabulary
-from app.config import Settings
-from app.main import create_app
 from tests.client import Client
 from tests.conftest import SMOL
-from tests.live import LiveServer
+from tests.live import serve_in_front
 from tests.upstream_server import DONE, ScriptedUpstream, chunk, running_scripted_upstream
 
 SHELL = {"type": "function", "name": "shell", "description": "Run a command.",
@@ -73,8 +71,8 @@ def upstream() -> Iterator[ScriptedUpstream]:
 @pytest.fixture(scope="module")
 def front(upstream: ScriptedUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     data: Path = tmp_path_factory.mktemp("unchanged")
-    config = data / "ors.toml"
-    config.write_text(f"""
+    scripted = ScriptedBackend({"recorded": _record})
+    server = serve_in_front(data, f"""
 [upstreams.chat]
 base_url = "{upstream.base_url}"
 prefixes = ["chat/"]
@@ -83,10 +81,7 @@ prefixes = ["chat/"]
 base_url = "{upstream.base_url}"
 wire_api = "responses"
 prefixes = ["responses/"]
-""")
-    scripted = ScriptedBackend({"recorded": _record})
-    server = LiveServer(create_app(Settings(data_dir=data, default_model="recorded", config=config),
-                                   backends=[scripted])).start()
+""", default_model="recorded", backends=[scripted])
     client = Client(server.url)
     yield client
     client.close()

@@ -21,7 +21,7 @@ from app.main import create_app
 from tests.client import Client
 from tests.e2e.test_responses_upstream import Recorder
 from tests.e2e.test_tool_search import CALENDAR, CLIENT_SEARCH, CRM, SHELL, TOOLS, WEATHER, finder
-from tests.live import LiveServer
+from tests.live import LiveServer, serve_in_front
 from tests.superset import tool_search_spec
 from tests.upstream_server import DONE, ScriptedUpstream, chunk, running_scripted_upstream, tool_call
 
@@ -49,8 +49,7 @@ def far(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
 @pytest.fixture(scope="module")
 def front(chat: ScriptedUpstream, far: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     data = tmp_path_factory.mktemp("front")
-    config = data / "ors.toml"
-    config.write_text(f"""
+    server = serve_in_front(data, f"""
 [upstreams.chat]
 base_url = "{chat.base_url}"
 prefixes = ["chat/"]
@@ -66,9 +65,7 @@ wire_api = "responses"
 prefixes = ["emulated/"]
 [upstreams.emulated.dialect]
 native_tool_search = false
-""")
-    server = LiveServer(create_app(Settings(data_dir=data, default_model="far/finder", config=config),
-                                   backends=[])).start()
+""", default_model="far/finder")
     client = Client(server.url, spec=tool_search_spec())
     yield client
     client.close()

@@ -14,13 +14,18 @@ The file is TOML, read with the standard library's ``tomllib`` and validated str
     ca_bundle = "ca.pem"       # https only: trust these CAs for it (PEM), not the system's
     client_cert = "ors.pem"    # https only: a client certificate (mutual TLS), and its
     client_key = "ors.key"     # unencrypted key unless client_cert holds it too
+    input_modalities = ["text", "image"]   # the default; ["text"]: images and files reach
+                               # its models as markers and text, as for an embedded model
     [upstreams.alpha.dialect]
     replay_reasoning = true    # the wire adapter's dialect options, by their names in code
 
 The dialect options are those of the adapter the ``wire_api`` selects
 (:class:`~app.backends.chat_completions.ChatDialect`,
 :class:`~app.backends.responses_upstream.ResponsesDialect`); any other name is refused.
-An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
+``input_modalities`` says what its models take: with ``"image"`` (the default), a
+message's images (and files, where the wire API carries them) go as the client sent them
+(:mod:`app.backends.parts`), and ``/v1/models`` and the Codex catalog say the models take
+images. An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
 routes every id nothing else claims. Routing precedence is :mod:`app.engine.models`'.
 The TLS files' paths are relative to the file's directory; they are read at load (a file
 that is missing, unreadable, not PEM, or an encrypted key, stops the load), and apply to
@@ -50,6 +55,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from app.backends.base import TEXT_AND_IMAGES, InputModality
 from app.backends.chat_completions import ChatDialect
 from app.backends.http_client import TlsFiles, TlsFilesError
 from app.backends.responses_upstream import ResponsesDialect
@@ -85,6 +91,16 @@ class UpstreamEntry(_Strict):
     client_cert: str | None = None
     client_key: str | None = None
     dialect: dict[str, Any] = Field(default_factory=dict)
+    input_modalities: list[InputModality] = Field(default_factory=lambda: list(TEXT_AND_IMAGES))
+
+    @field_validator("input_modalities")
+    @classmethod
+    def _modalities(cls, value: list[InputModality]) -> list[InputModality]:
+        if "text" not in value:
+            raise ValueError('must include "text": every model takes text')
+        if len(set(value)) != len(value):
+            raise ValueError("names a modality twice")
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -124,6 +140,8 @@ class UpstreamSpec:
     list_models: bool = False
     tls: TlsFiles | None = None
     """The upstream's own CA bundle and client certificate, checked at load."""
+    input_modalities: tuple[InputModality, ...] = TEXT_AND_IMAGES
+    """What its models take (``Backend.input_modalities``)."""
 
 
 def load_upstreams(path: Path, environ: typing.Mapping[str, str] | None = None) -> list[UpstreamSpec]:
@@ -174,6 +192,7 @@ def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], wh
         strip_prefix=entry.strip_prefix,
         list_models=entry.list_models,
         tls=_tls(entry, directory, where),
+        input_modalities=tuple(entry.input_modalities),
     )
 
 

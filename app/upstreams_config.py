@@ -16,6 +16,8 @@ The file is TOML, read with the standard library's ``tomllib`` and validated str
     client_key = "ors.key"     # unencrypted key unless client_cert holds it too
     input_modalities = ["text", "image"]   # the default; ["text"]: images and files reach
                                # its models as markers and text, as for an embedded model
+    [upstreams.alpha.model_input_modalities]
+    "alpha-model" = ["text"]   # a model that takes other than the upstream's, by the id it is sent
     [upstreams.alpha.dialect]
     replay_reasoning = true    # the wire adapter's dialect options, by their names in code
 
@@ -25,7 +27,8 @@ The dialect options are those of the adapter the ``wire_api`` selects
 ``input_modalities`` says what its models take: with ``"image"`` (the default), a
 message's images (and files, where the wire API carries them) go as the client sent them
 (:mod:`app.backends.parts`), and ``/v1/models`` and the Codex catalog say the models take
-images. An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
+images; ``model_input_modalities`` declares a model's own, by the id the upstream is sent
+(a prefix stripped). An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
 routes every id nothing else claims. Routing precedence is :mod:`app.engine.models`'.
 The TLS files' paths are relative to the file's directory; they are read at load (a file
 that is missing, unreadable, not PEM, or an encrypted key, stops the load), and apply to
@@ -92,14 +95,21 @@ class UpstreamEntry(_Strict):
     client_key: str | None = None
     dialect: dict[str, Any] = Field(default_factory=dict)
     input_modalities: list[InputModality] = Field(default_factory=lambda: list(TEXT_AND_IMAGES))
+    model_input_modalities: dict[str, list[InputModality]] = Field(default_factory=dict)
 
     @field_validator("input_modalities")
     @classmethod
     def _modalities(cls, value: list[InputModality]) -> list[InputModality]:
-        if "text" not in value:
-            raise ValueError('must include "text": every model takes text')
-        if len(set(value)) != len(value):
-            raise ValueError("names a modality twice")
+        return _modalities(value)
+
+    @field_validator("model_input_modalities")
+    @classmethod
+    def _models_modalities(cls, value: dict[str, list[InputModality]]) -> dict[str, list[InputModality]]:
+        for model, taken in value.items():
+            try:
+                _modalities(taken)
+            except ValueError as exc:
+                raise ValueError(f"{model!r}: {exc}") from None
         return value
 
     @field_validator("base_url")
@@ -119,6 +129,14 @@ class UpstreamEntry(_Strict):
         if any(not name.strip() for name in value):
             raise ValueError("model ids must not be empty")
         return value
+
+
+def _modalities(value: list[InputModality]) -> list[InputModality]:
+    if "text" not in value:
+        raise ValueError('must include "text": every model takes text')
+    if len(set(value)) != len(value):
+        raise ValueError("names a modality twice")
+    return value
 
 
 class UpstreamsFile(_Strict):
@@ -142,6 +160,8 @@ class UpstreamSpec:
     """The upstream's own CA bundle and client certificate, checked at load."""
     input_modalities: tuple[InputModality, ...] = TEXT_AND_IMAGES
     """What its models take (``Backend.input_modalities``)."""
+    model_input_modalities: dict[str, tuple[InputModality, ...]] = dataclasses.field(default_factory=dict)
+    """What some of its models take instead, by the id the upstream is sent."""
 
 
 def load_upstreams(path: Path, environ: typing.Mapping[str, str] | None = None) -> list[UpstreamSpec]:
@@ -193,6 +213,7 @@ def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], wh
         list_models=entry.list_models,
         tls=_tls(entry, directory, where),
         input_modalities=tuple(entry.input_modalities),
+        model_input_modalities={model: tuple(taken) for model, taken in entry.model_input_modalities.items()},
     )
 
 

@@ -26,6 +26,8 @@ wire_api = "chat"
 models = ["alpha-model"]
 prefixes = ["alpha/"]
 input_modalities = ["text"]
+[upstreams.alpha.model_input_modalities]
+"alpha-model" = ["text", "image"]
 [upstreams.alpha.dialect]
 replay_reasoning = true
 token_limit_field = "max_completion_tokens"
@@ -65,6 +67,7 @@ def test_a_good_file(tmp_path: Path) -> None:
         "beta-secret", "responses", ("beta/", "b/"), False, True)
     assert beta.dialect == ResponsesDialect(hold_text=True)
     assert (alpha.input_modalities, beta.input_modalities) == (("text",), ("text", "image"))
+    assert (alpha.model_input_modalities, beta.model_input_modalities) == ({"alpha-model": ("text", "image")}, {})
 
 
 def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +79,8 @@ def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Pat
     assert alpha.token_limit_field == "max_completion_tokens" and alpha.owned_by == "alpha"
     assert isinstance(beta, ResponsesUpstreamBackend) and beta.hold_text and not beta.replay_reasoning
     assert isinstance(shortcut, ChatCompletionsBackend) and routes[2].prefixes == ("",)
-    assert (alpha.takes_images, beta.takes_images, shortcut.takes_images) == (False, True, True)
+    assert (alpha.takes_images("m"), alpha.takes_images("alpha-model"), beta.takes_images("m"),
+            shortcut.takes_images("m")) == (False, True, True, True)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -106,6 +110,8 @@ def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Pat
      "upstreams.a.input_modalities.1: Input should be 'text' or 'image'"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\ninput_modalities = ['text', 'text']\n",
      "upstreams.a.input_modalities: Value error, names a modality twice"),
+    ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.model_input_modalities]\nm = ['image']\n",
+     "upstreams.a.model_input_modalities: Value error, 'm': must include \"text\""),
     ("[upstreams.a\nbase_url = 'http://x/v1'\n", "not valid TOML"),
 ])
 def test_each_error_names_the_upstream_and_the_field(tmp_path: Path, text: str, expected: str) -> None:

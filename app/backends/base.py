@@ -332,9 +332,9 @@ class Backend(abc.ABC):
     where the wire API carries them: ``ChatMessage.parts``). An upstream takes
     :data:`TEXT_AND_IMAGES` unless configured otherwise."""
 
-    @property
-    def takes_images(self) -> bool:
-        """Whether images (and files) reach its models as they came (``input_modalities``)."""
+    def takes_images(self, model: str | None = None) -> bool:
+        """Whether images (and files) reach ``model`` as they came: its backend's
+        ``input_modalities``, unless the model declares its own."""
         return "image" in self.input_modalities
 
     hosts_tool_search: bool = False

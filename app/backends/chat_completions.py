@@ -137,11 +137,14 @@ class ChatCompletionsBackend(HttpUpstream):
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
         input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, timeout=timeout, headers=headers,
-                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities)
+                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities,
+                         model_input_modalities=model_input_modalities)
         self.file_parts = file_parts
-        self._message_json = MessageJson(lambda message: dumps(self._message(message)))
+        self._message_json = {media: MessageJson(lambda message, media=media: dumps(self._message(message, media)))
+                              for media in (False, True)}  # a message's JSON with its parts, or as text
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
@@ -171,7 +174,7 @@ class ChatCompletionsBackend(HttpUpstream):
                                url, request.model)
 
         return self.deltas(
-            PATH, self._body(payload, request.messages), stream=payload["stream"],
+            PATH, self._body(payload, request), stream=payload["stream"],
             decoder=lambda: ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs),
             refused=refused, back=names_back((*request.tools, *request.late_tools)), finished=finished)
 
@@ -181,7 +184,8 @@ class ChatCompletionsBackend(HttpUpstream):
         messages (see :meth:`_body`)."""
         body: dict[str, Any] = {"model": request.model}
         if messages:
-            body["messages"] = [self._message(message) for message in request.messages]
+            media = self.takes_images(request.model)
+            body["messages"] = [self._message(message, media) for message in request.messages]
         if request.incremental:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         else:
@@ -211,15 +215,16 @@ class ChatCompletionsBackend(HttpUpstream):
             body.update(logprobs=True, top_logprobs=sampling.top_logprobs or 0)
         return body
 
-    def _body(self, payload: dict[str, Any], messages: Sequence[ChatMessage]) -> bytes:
+    def _body(self, payload: dict[str, Any], request: GenerationRequest) -> bytes:
         """The request body: ``payload`` with the messages spliced in, each message's JSON
         made once and kept (:mod:`app.backends.message_json`)."""
-        return self._message_json.body(payload, "messages", messages)
+        return self._message_json[self.takes_images(request.model)].body(payload, "messages", request.messages)
 
-    def _message(self, message: ChatMessage) -> dict[str, Any]:
+    def _message(self, message: ChatMessage, media: bool = True) -> dict[str, Any]:
+        """``message`` on the wire; with ``media``, a user message's images and files as parts."""
         role = "system" if message.role == "developer" else message.role
         out: dict[str, Any] = {"role": role, "content": message.content}
-        if message.parts and role == "user" and self.takes_images:
+        if message.parts and role == "user" and media:
             out["content"] = [self._part(part) for part in message.parts]  # one a part: media_params
         if role == "assistant":
             if message.tool_calls:

@@ -110,17 +110,20 @@ class ResponsesUpstreamBackend(HttpUpstream):
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
         input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
         super().__init__(base_url, api_key=api_key, models=models, timeout=timeout, headers=headers,
-                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities)
+                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities,
+                         model_input_modalities=model_input_modalities)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
         self.hosts_tool_search = native_tool_search
-        self._input_json = MessageJson(lambda message: ",".join(dumps(item) for item in self._items((message,))))
+        self._input_json = {media: MessageJson(lambda message, media=media: ",".join(
+            dumps(item) for item in self._items((message,), media))) for media in (False, True)}
 
-    def _items(self, messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    def _items(self, messages: Sequence[ChatMessage], media: bool) -> list[dict[str, Any]]:
         return input_items(messages, replay_reasoning=self.replay_reasoning, searches=self.hosts_tool_search,
-                           media=self.takes_images)
+                           media=media)
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream one upstream response as deltas, ending with exactly one ``Finish`` (see
@@ -132,17 +135,18 @@ class ResponsesUpstreamBackend(HttpUpstream):
 
         def refused(status: int, body: bytes, url: str) -> ORSError:
             return http_error(status, body, model=request.model, url=url, logprobs=logprobs,
-                              media=lambda param: responses_param(param, self._owners(request.messages)))
+                              media=lambda param: responses_param(param, self._owners(request)))
 
         return self.deltas(
-            PATH, self._input_json.body(payload, "input", request.messages),  # each message's items made once
+            PATH, self._input_json[self.takes_images(request.model)].body(payload, "input", request.messages),
             stream=payload["stream"],
             decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs),
             refused=refused, back=names_back(_all_tools(request)))
 
-    def _owners(self, messages: Sequence[ChatMessage]) -> list[ChatMessage]:
+    def _owners(self, request: GenerationRequest) -> list[ChatMessage]:
         """The message each item of the input sent was made from, item by item."""
-        return [message for message in messages for _ in self._items((message,))]
+        media = self.takes_images(request.model)
+        return [message for message in request.messages for _ in self._items((message,), media)]
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless, and streaming unless
@@ -151,7 +155,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
         (which :meth:`stream` splices in)."""
         body: dict[str, Any] = {"model": request.model}
         if input:
-            body["input"] = self._items(request.messages)
+            body["input"] = self._items(request.messages, self.takes_images(request.model))
         body |= {"stream": request.incremental, "store": False}
         search = request.tool_search
         if request.tools or request.late_tools or search is not None:

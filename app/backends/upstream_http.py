@@ -82,10 +82,12 @@ class HttpUpstream(Backend):
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
         input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
         """``pool``: the bounds of its connection pool; ``tls``: its own CA bundle and
         client certificate (the system's trust, or ``SSL_CERT_FILE``, without);
-        ``input_modalities``: what its models take (:attr:`Backend.input_modalities`). Raises
+        ``input_modalities``: what its models take (:attr:`Backend.input_modalities`), and
+        ``model_input_modalities`` what some take instead, by the id it is sent. Raises
         ``ValueError`` for a base URL that is not an upstream's, a header that cannot be
         sent, or TLS files that cannot be used."""
         url = urllib.parse.urlsplit(base_url)
@@ -96,6 +98,7 @@ class HttpUpstream(Backend):
                              f"its api_key), got {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.input_modalities = tuple(input_modalities)
+        self.model_input_modalities = {model: tuple(taken) for model, taken in (model_input_modalities or {}).items()}
         self.allowed_models = tuple(models) if models is not None else None
         self.owned_by = owned_by
         self._headers = dict(headers or {})
@@ -184,8 +187,12 @@ class HttpUpstream(Backend):
     # -- models ------------------------------------------------------------------------------
 
     def models(self) -> list[ModelInfo]:
-        images = self.takes_images
-        return [ModelInfo(id=name, owned_by=self.owned_by, images=images) for name in self.allowed_models or ()]
+        return [ModelInfo(id=name, owned_by=self.owned_by, images=self.takes_images(name))
+                for name in self.allowed_models or ()]
+
+    def takes_images(self, model: str | None = None) -> bool:
+        taken = self.model_input_modalities.get(model, self.input_modalities) if model else self.input_modalities
+        return "image" in taken
 
     def serves(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -210,7 +217,7 @@ class HttpUpstream(Backend):
                 status, body = answer.status_code, answer.content
                 if status != 200:
                     raise error_for_status(status, body, model="", url=url)
-            listed = [dataclasses.replace(info, images=self.takes_images)
+            listed = [dataclasses.replace(info, images=self.takes_images(info.id))
                       for info in model_infos(json.loads(body), self.owned_by)]
         except (ORSError, ValueError) as exc:
             logger.warning("could not list the models of the upstream at %s: %s", url, exc)

@@ -46,7 +46,7 @@ class Route:
 
     def info(self, name: str) -> ModelInfo:
         """One of :attr:`models`, as listed: with what its upstream declares it takes."""
-        return ModelInfo(id=name, owned_by=self.name, images=self.backend.takes_images)
+        return ModelInfo(id=name, owned_by=self.name, images=self.backend.takes_images(name))
 
     def candidates(self, listed: Iterable[ModelInfo]) -> list[ModelInfo]:
         """The ids a client would use for the upstream's own ids ``listed``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.backends.base import ChatMessage, FilePart, ImagePart, TextPart, ToolCall
+from app.backends.base import ChatMessage, FilePart, GenerationRequest, ImagePart, TextPart, ToolCall
 from app.backends.chat_completions import ChatCompletionsBackend
 from app.backends.media_params import CHAINED, chat_param, responses_param, upstream_param
 from app.backends.responses_upstream import ResponsesUpstreamBackend, input_items
@@ -32,8 +32,7 @@ def test_a_chat_upstream_gets_parts_unless_it_takes_text_only() -> None:
     ]
     plain = ChatCompletionsBackend("http://127.0.0.1:9/v1")
     assert plain._message(LOOK)["content"][2] == {"type": "text", "text": "[file a.pdf]"}
-    blind = ChatCompletionsBackend("http://127.0.0.1:9/v1", input_modalities=["text"])
-    assert blind._message(LOOK)["content"] == LOOK.content
+    assert plain._message(LOOK, media=False)["content"] == LOOK.content
     by_id = ChatMessage("user", parts=(ImagePart(None, "file-1", None, "[image]"),))
     assert plain._message(by_id)["content"] == [{"type": "text", "text": "[image]"}]
     assert plain._message(ChatMessage("system", parts=LOOK.parts))["content"] == LOOK.content
@@ -52,6 +51,18 @@ def test_a_responses_upstream_gets_the_parts_as_they_came() -> None:
     assert input_items([LOOK], media=False)[0]["content"] == LOOK.content
 
 
+@pytest.mark.parametrize("kind", [ChatCompletionsBackend, ResponsesUpstreamBackend])
+def test_what_an_upstream_or_one_of_its_models_declares_it_takes(kind: type) -> None:
+    backend = kind("http://127.0.0.1:9/v1", input_modalities=["text"], model_input_modalities={"eyes": ["text", "image"]})
+    seeing = kind("http://127.0.0.1:9/v1", model_input_modalities={"blind": ["text"]})
+    for upstream, model, takes in ((backend, "any", False), (backend, "eyes", True), (seeing, "any", True),
+                                   (seeing, "blind", False)):
+        assert upstream.takes_images(model) is takes
+        sent = upstream.payload(GenerationRequest(model=model, messages=(LOOK,)))
+        content = sent["messages" if kind is ChatCompletionsBackend else "input"][0]["content"]
+        assert (content != LOOK.content) is takes, (model, content)
+
+
 def test_a_chat_param_names_the_clients_part() -> None:
     messages = [ChatMessage("system", "be brief"), LOOK, ChatMessage("user", parts=(TextPart("x"), OLD_IMAGE))]
     assert chat_param("messages[1].content[1].image_url", messages) == "input[3].content[1].image_url"
@@ -68,7 +79,7 @@ def test_a_responses_param_names_the_clients_part() -> None:
     assistant = ChatMessage("assistant", "ok", tool_calls=(ToolCall("c1", "f", "{}"),))
     messages = [ChatMessage("system", "be brief"), assistant, ChatMessage("tool", "42", tool_call_id="c1"), LOOK]
     backend = ResponsesUpstreamBackend("http://127.0.0.1:9/v1")
-    owners = backend._owners(messages)
+    owners = backend._owners(GenerationRequest(model="m", messages=tuple(messages)))
     assert len(owners) == 5  # the assistant message is two items: its text and its call
     assert responses_param("input[4].content[1]", owners) == "input[3].content[1]"
     assert responses_param("input[4].content[1].detail", owners) == "input[3].content[1].detail"

@@ -7,7 +7,8 @@ configurations of the same address (routes by prefix):
 ``files/``     Chat Completions with ``file_parts = true``: files as ``file`` parts
 ``far/``       Responses: ``input_image`` and ``input_file`` parts as they came
 ``blind/``, ``blindfar/``   either wire API declared ``input_modalities = ["text"]``:
-               markers and file text, as for an embedded model
+               markers and file text, as for an embedded model (and ``plain-model``
+               of ``chat/``, declared so alone)
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ def server(upstream: ScriptedUpstream, data: Path) -> Iterator[LiveServer]:
 [upstreams.chat]
 base_url = "{url}"
 prefixes = ["chat/"]
-models = ["seeing-model"]
+models = ["seeing-model", "plain-model"]
+[upstreams.chat.model_input_modalities]
+plain-model = ["text"]
 
 [upstreams.files]
 base_url = "{url}"
@@ -236,13 +239,21 @@ def test_a_text_only_upstream_gets_markers(client: Client, upstream: ScriptedUps
     assert "tiny.pdf" in content and "base64" not in content and not images_in(conversation)
 
 
+def test_a_model_declared_text_only_gets_markers_from_an_upstream_that_takes_images(
+        client: Client, upstream: ScriptedUpstream) -> None:
+    model = upstream.stream(chunk(content="Text only."), chunk(finish_reason="stop"), DONE, model="plain-model")
+    client.create(model=model, input=[user(text("What is this?"), image(TINY_PNG_DATA_URL))])
+    (conversation,) = sent(upstream, model)
+    assert conversation[-1]["content"].startswith("What is this?\n" + MARKER)
+
+
 def test_models_and_the_codex_catalog_say_which_models_take_images(server: LiveServer) -> None:
     listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
     assert {"seeing-model", "blind-model"} <= {model["id"] for model in listed}
     catalog = httpx.get(f"{server.url}/v1/models", params={"client_version": "0.171.0"}, timeout=30).json()
     modalities = {entry["slug"]: entry["input_modalities"] for entry in catalog["models"]}
     assert modalities["seeing-model"] == ["text", "image"]
-    assert modalities["blind-model"] == ["text"]
+    assert modalities["blind-model"] == modalities["plain-model"] == ["text"]
 
 
 # -- an upstream's 400 about a part names the client's part ----------------------------------

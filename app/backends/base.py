@@ -61,8 +61,6 @@ class ToolCall:
     """Set when the call is a tool search (``tool_search_call``): how it was executed."""
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     """One turn of the backend-neutral conversation.
@@ -87,6 +85,7 @@ class ChatMessage:
     loaded. ``content`` describes the tools to a model; an upstream that hosts tool
     search sends the item itself."""
     parts: tuple[ContentPart, ...] = ()
+    """The content part by part, when it holds an image or a file (:mod:`app.backends.parts`)."""
 
     def __post_init__(self) -> None:
         if self.parts:

@@ -1,15 +1,16 @@
 """An upstream's error about an image or a file, pointed back at where the client sent it.
 
-An upstream that refuses a part (an image it cannot read, a file it does not take) names
-it by its own request's path: ``messages[2].content[1].image_url`` (Chat Completions;
-OpenAI also writes ``messages.[2].content.[1]``), ``input[1].content[0].image_url`` (a
-Responses upstream). Those paths are of the whole conversation this server sent, not of the
-client's request. Each adapter sends one wire message per conversation message (Chat
-Completions), or a known run of items (Responses), and one content part per message part
+An upstream that refuses a part (an image it cannot read, a file it does not take), in a
+400 or in an ``error`` event of its stream, names it by its own request's path:
+``messages[2].content[1].image_url`` (Chat Completions; OpenAI also writes
+``messages.[2].content.[1]``), ``input[1].content[0].image_url`` (a Responses upstream).
+Those paths are of the whole conversation this server sent, not of the client's request.
+Each adapter sends one wire message per conversation message (Chat Completions), or a
+known run of items (Responses), and one content part per message part
 (:mod:`app.backends.parts`), so the upstream's path finds the part, and the part knows
-where the client sent it (``input[3].content[1]``, a field below it kept where the client's
-part has it too). A part that came from an earlier response of the chain is named by
-``previous_response_id``. Any other path names nothing the client sent: ``None``.
+where the client sent it (``input[3].content[1]``, a field below it kept where the
+client's part has it too). A part that came from an earlier response of the chain is
+named by ``previous_response_id``. Any other path names nothing the client sent: ``None``.
 """
 
 from __future__ import annotations

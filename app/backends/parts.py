@@ -5,10 +5,11 @@ The engine (:mod:`app.engine.context`) makes a message's parts only when it hold
 or a file; each part carries ``text``, what a model that cannot take it is shown instead
 (the marker of an image, a file's text or the marker of a binary file), so
 :attr:`app.backends.base.ChatMessage.content` is always the text rendering of the parts.
-Which rendering a backend sends is its own choice (:attr:`Backend.input_modalities`):
+Which rendering a backend sends is its own choice, per model
+(:meth:`~app.backends.base.Backend.takes_images`):
 
-* the embedded models, and an upstream declared ``input_modalities = ["text"]``: the
-  text (markers and file text);
+* the embedded models, and an upstream (or one of its models) declared
+  ``input_modalities = ["text"]``: the text (markers and file text);
 * a Chat Completions upstream: an image as an ``image_url`` part (its URL and ``detail``
   exactly as given; an image known by ``file_id`` only stays a marker), a file as a
   ``file`` part where its dialect says it takes them (``file_parts``), else its text;

@@ -53,15 +53,17 @@ def http_error(status: int, body: bytes, *, model: str, url: str, logprobs: bool
     return error
 
 
-def stream_error(error: Any) -> ORSError:
-    """An ``error`` event's object (``{type, code, message, param}``) as a taxonomy error."""
+def stream_error(error: Any, media: Callable[[str | None], str | None] | None = None) -> ORSError:
+    """An ``error`` event's object (``{type, code, message, param}``) as a taxonomy error
+    (``media``: as for :func:`http_error`)."""
     if not isinstance(error, dict):
         return error_in_stream(error)
     kind = str(error.get("type") or "")
     message = error.get("message") if isinstance(error.get("message"), str) else "unknown error"
     if kind.startswith("invalid_request"):
-        return InvalidRequest(f"The upstream model server rejected the request: {message}",
-                              code="upstream_rejected", param=client_param(error.get("param")))
+        param = error.get("param") if isinstance(error.get("param"), str) else None
+        return InvalidRequest(f"The upstream model server rejected the request: {message}", code="upstream_rejected",
+                              param=client_param(param) or (media(param) if media is not None else None))
     if kind.startswith("too_many_requests") or error.get("code") == "rate_limit_exceeded":
         return TooManyRequests("The upstream model server is rate limiting requests.", code="upstream_rate_limited")
     return error_in_stream(error)

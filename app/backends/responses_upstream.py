@@ -133,14 +133,16 @@ class ResponsesUpstreamBackend(HttpUpstream):
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         logprobs = LOGPROBS_INCLUDE in payload.get("include", ())
 
+        def media(param: str | None) -> str | None:
+            return responses_param(param, self._owners(request))
+
         def refused(status: int, body: bytes, url: str) -> ORSError:
-            return http_error(status, body, model=request.model, url=url, logprobs=logprobs,
-                              media=lambda param: responses_param(param, self._owners(request)))
+            return http_error(status, body, model=request.model, url=url, logprobs=logprobs, media=media)
 
         return self.deltas(
             PATH, self._input_json[self.takes_images(request.model)].body(payload, "input", request.messages),
             stream=payload["stream"],
-            decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs),
+            decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs, media=media),
             refused=refused, back=names_back(_all_tools(request)))
 
     def _owners(self, request: GenerationRequest) -> list[ChatMessage]:

@@ -272,10 +272,24 @@ def test_an_upstream_400_about_an_image_names_the_clients_part(
     """The instructions are the upstream's first message, so its index 2 is the client's 1."""
     model = upstream.respond(400, {"error": {"type": "invalid_request_error", "code": "invalid_image",
                                              "message": "The image could not be decoded.", "param": named}})
-    error = client.error({"model": prefix + model, "instructions": "Be brief.",
-                          "input": [user(text("hello")), user(text("look"), image(TINY_PNG_DATA_URL))]}, 400)
+    body = {"model": prefix + model, "instructions": "Be brief.",
+            "input": [user(text("hello")), user(text("look"), image(TINY_PNG_DATA_URL))]}
+    error = client.error(body, 400)
     assert (error["code"], error["param"]) == ("upstream_rejected", expected), error
     assert "could not be decoded" in error["message"]
+    streamed = client.stream(**body)
+    (event,) = [event for event in streamed.events if event["type"] == "error"]
+    assert event["error"]["param"] == expected, event
+
+
+def test_an_error_event_about_an_image_names_the_clients_part(client: Client, upstream: ScriptedUpstream) -> None:
+    """A Responses upstream may refuse in its stream: an ``error`` event with a ``param``."""
+    model = upstream.stream({"type": "error", "error": {"type": "invalid_request_error", "code": "invalid_image",
+                                                        "message": "Unreadable image.", "param": "input[1].content[1]"}})
+    result = client.stream(model=f"far/{model}", input=[user(text("hello")), user(text("look"),
+                                                                                  image(TINY_PNG_DATA_URL))])
+    (event,) = [event for event in result.events if event["type"] == "error"]
+    assert (event["error"]["code"], event["error"]["param"]) == ("upstream_rejected", "input[1].content[1]"), event
 
 
 @pytest.mark.parametrize("prefix", ["chat/", "far/"])

@@ -126,11 +126,13 @@ def upstream_backend(spec: UpstreamSpec, pool: Pool = Pool()) -> Backend:
         from app.backends.responses_upstream import ResponsesUpstreamBackend
 
         return ResponsesUpstreamBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, pool=pool,
-                                        tls=spec.tls, **options)
+                                        tls=spec.tls, input_modalities=spec.input_modalities,
+                                        model_input_modalities=spec.model_input_modalities, **options)
     from app.backends.chat_completions import ChatCompletionsBackend
 
     return ChatCompletionsBackend(spec.base_url, api_key=spec.api_key, owned_by=spec.name, pool=pool, tls=spec.tls,
-                                  **options)
+                                  input_modalities=spec.input_modalities,
+                                  model_input_modalities=spec.model_input_modalities, **options)
 
 
 def _preload(settings: Settings) -> list[str]:

@@ -14,13 +14,21 @@ The file is TOML, read with the standard library's ``tomllib`` and validated str
     ca_bundle = "ca.pem"       # https only: trust these CAs for it (PEM), not the system's
     client_cert = "ors.pem"    # https only: a client certificate (mutual TLS), and its
     client_key = "ors.key"     # unencrypted key unless client_cert holds it too
+    input_modalities = ["text", "image"]   # the default; ["text"]: images and files reach
+                               # its models as markers and text, as for an embedded model
+    [upstreams.alpha.model_input_modalities]
+    "alpha-model" = ["text"]   # a model that takes other than the upstream's, by the id it is sent
     [upstreams.alpha.dialect]
     replay_reasoning = true    # the wire adapter's dialect options, by their names in code
 
 The dialect options are those of the adapter the ``wire_api`` selects
 (:class:`~app.backends.chat_completions.ChatDialect`,
 :class:`~app.backends.responses_upstream.ResponsesDialect`); any other name is refused.
-An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
+``input_modalities`` says what its models take: with ``"image"`` (the default), a
+message's images (and files, where the wire API carries them) go as the client sent them
+(:mod:`app.backends.parts`), and ``/v1/models`` and the Codex catalog say the models take
+images; ``model_input_modalities`` declares a model's own, by the id the upstream is sent
+(a prefix stripped). An upstream must route something (``models`` or ``prefixes``); the empty prefix ``""``
 routes every id nothing else claims. Routing precedence is :mod:`app.engine.models`'.
 The TLS files' paths are relative to the file's directory; they are read at load (a file
 that is missing, unreadable, not PEM, or an encrypted key, stops the load), and apply to
@@ -50,6 +58,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from app.backends.base import TEXT_AND_IMAGES, InputModality
 from app.backends.chat_completions import ChatDialect
 from app.backends.http_client import TlsFiles, TlsFilesError
 from app.backends.responses_upstream import ResponsesDialect
@@ -85,6 +94,23 @@ class UpstreamEntry(_Strict):
     client_cert: str | None = None
     client_key: str | None = None
     dialect: dict[str, Any] = Field(default_factory=dict)
+    input_modalities: list[InputModality] = Field(default_factory=lambda: list(TEXT_AND_IMAGES))
+    model_input_modalities: dict[str, list[InputModality]] = Field(default_factory=dict)
+
+    @field_validator("input_modalities")
+    @classmethod
+    def _modalities(cls, value: list[InputModality]) -> list[InputModality]:
+        return _modalities(value)
+
+    @field_validator("model_input_modalities")
+    @classmethod
+    def _models_modalities(cls, value: dict[str, list[InputModality]]) -> dict[str, list[InputModality]]:
+        for model, taken in value.items():
+            try:
+                _modalities(taken)
+            except ValueError as exc:
+                raise ValueError(f"{model!r}: {exc}") from None
+        return value
 
     @field_validator("base_url")
     @classmethod
@@ -103,6 +129,14 @@ class UpstreamEntry(_Strict):
         if any(not name.strip() for name in value):
             raise ValueError("model ids must not be empty")
         return value
+
+
+def _modalities(value: list[InputModality]) -> list[InputModality]:
+    if "text" not in value:
+        raise ValueError('must include "text": every model takes text')
+    if len(set(value)) != len(value):
+        raise ValueError("names a modality twice")
+    return value
 
 
 class UpstreamsFile(_Strict):
@@ -124,6 +158,10 @@ class UpstreamSpec:
     list_models: bool = False
     tls: TlsFiles | None = None
     """The upstream's own CA bundle and client certificate, checked at load."""
+    input_modalities: tuple[InputModality, ...] = TEXT_AND_IMAGES
+    """What its models take (``Backend.input_modalities``)."""
+    model_input_modalities: dict[str, tuple[InputModality, ...]] = dataclasses.field(default_factory=dict)
+    """What some of its models take instead, by the id the upstream is sent."""
 
 
 def load_upstreams(path: Path, environ: typing.Mapping[str, str] | None = None) -> list[UpstreamSpec]:
@@ -174,6 +212,8 @@ def _spec(name: str, entry: UpstreamEntry, environ: typing.Mapping[str, str], wh
         strip_prefix=entry.strip_prefix,
         list_models=entry.list_models,
         tls=_tls(entry, directory, where),
+        input_modalities=tuple(entry.input_modalities),
+        model_input_modalities={model: tuple(taken) for model, taken in entry.model_input_modalities.items()},
     )
 
 

@@ -25,6 +25,9 @@ api_key = "alpha-secret"
 wire_api = "chat"
 models = ["alpha-model"]
 prefixes = ["alpha/"]
+input_modalities = ["text"]
+[upstreams.alpha.model_input_modalities]
+"alpha-model" = ["text", "image"]
 [upstreams.alpha.dialect]
 replay_reasoning = true
 token_limit_field = "max_completion_tokens"
@@ -63,6 +66,8 @@ def test_a_good_file(tmp_path: Path) -> None:
     assert (beta.api_key, beta.wire_api, beta.prefixes, beta.strip_prefix, beta.list_models) == (
         "beta-secret", "responses", ("beta/", "b/"), False, True)
     assert beta.dialect == ResponsesDialect(hold_text=True)
+    assert (alpha.input_modalities, beta.input_modalities) == (("text",), ("text", "image"))
+    assert (alpha.model_input_modalities, beta.model_input_modalities) == ({"alpha-model": ("text", "image")}, {})
 
 
 def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -74,6 +79,8 @@ def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Pat
     assert alpha.token_limit_field == "max_completion_tokens" and alpha.owned_by == "alpha"
     assert isinstance(beta, ResponsesUpstreamBackend) and beta.hold_text and not beta.replay_reasoning
     assert isinstance(shortcut, ChatCompletionsBackend) and routes[2].prefixes == ("",)
+    assert (alpha.takes_images("m"), alpha.takes_images("alpha-model"), beta.takes_images("m"),
+            shortcut.takes_images("m")) == (False, True, True, True)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -90,13 +97,21 @@ def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Pat
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\napi_key = 'k'\napi_key_env = 'K'\n", "upstreams.a.api_key_env: give either"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\napi_key_env = 'MISSING_KEY'\n", "upstreams.a.api_key_env: the environment variable 'MISSING_KEY' is not set"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.dialect]\nreplay_reasonning = true\n",
-     "upstreams.a.dialect.replay_reasonning: not a dialect option of wire_api 'chat' (known: token_limit_field, schema_style, replay_reasoning)"),
+     "upstreams.a.dialect.replay_reasonning: not a dialect option of wire_api 'chat' (known: token_limit_field, schema_style, replay_reasoning, file_parts)"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nwire_api = 'responses'\nmodels = ['m']\n[upstreams.a.dialect]\nschema_style = 'json_schema'\n",
      "upstreams.a.dialect.schema_style: not a dialect option of wire_api 'responses'"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.dialect]\nschema_style = 'xml'\n",
      "upstreams.a.dialect: schema_style: Input should be 'json_schema' or 'json_object_schema'"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.dialect]\nreplay_reasoning = 1\n",
      "upstreams.a.dialect: replay_reasoning: Input should be a valid boolean"),
+    ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\ninput_modalities = ['image']\n",
+     'upstreams.a.input_modalities: Value error, must include "text"'),
+    ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\ninput_modalities = ['text', 'audio']\n",
+     "upstreams.a.input_modalities.1: Input should be 'text' or 'image'"),
+    ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\ninput_modalities = ['text', 'text']\n",
+     "upstreams.a.input_modalities: Value error, names a modality twice"),
+    ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.model_input_modalities]\nm = ['image']\n",
+     "upstreams.a.model_input_modalities: Value error, 'm': must include \"text\""),
     ("[upstreams.a\nbase_url = 'http://x/v1'\n", "not valid TOML"),
 ])
 def test_each_error_names_the_upstream_and_the_field(tmp_path: Path, text: str, expected: str) -> None:

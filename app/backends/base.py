@@ -1,7 +1,8 @@
 """The contract between the engine and a model backend.
 
 A backend receives a :class:`GenerationRequest` (a backend-neutral conversation plus
-sampling and tool settings) and yields a stream of normalized deltas:
+sampling and tool settings; a message's images and files are its ``parts``, see
+:mod:`app.backends.parts`) and yields a stream of normalized deltas:
 
     TextDelta        visible assistant text (with its tokens' logprobs when asked)
     ReasoningDelta   raw reasoning text (never shown as output_text)
@@ -38,6 +39,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.backends.parts import TEXT_AND_IMAGES as TEXT_AND_IMAGES
+from app.backends.parts import ContentPart, InputModality
+from app.backends.parts import FilePart as FilePart
+from app.backends.parts import ImagePart as ImagePart
+from app.backends.parts import TextPart as TextPart
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 ToolSearchExecution = Literal["server", "client"]
@@ -56,7 +63,13 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    """One turn of the backend-neutral conversation."""
+    """One turn of the backend-neutral conversation.
+
+    ``parts`` are its content in the client's order when it holds an image or a file
+    (empty for text alone); ``content`` is then made from them (each part's ``text``, one
+    a line) and is what a text-only consumer reads: the embedded models, an upstream that
+    takes text only, token counting. Parts are the one source: a message given both
+    must agree (``ValueError``)."""
 
     role: Role
     content: str = ""
@@ -71,6 +84,15 @@ class ChatMessage:
     """For a tool message that answers a tool search (``tool_search_output``): what it
     loaded. ``content`` describes the tools to a model; an upstream that hosts tool
     search sends the item itself."""
+    parts: tuple[ContentPart, ...] = ()
+    """The content part by part, when it holds an image or a file (:mod:`app.backends.parts`)."""
+
+    def __post_init__(self) -> None:
+        if self.parts:
+            made = "\n".join(part.text for part in self.parts)
+            if self.content and self.content != made:
+                raise ValueError("a message's content is made from its parts; give one or the other")
+            object.__setattr__(self, "content", made)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,8 +300,9 @@ class ModelInfo:
     owned_by: str
     context_window: int | None = None
     images: bool = True
-    """Whether an image in the input reaches the model (a text-only embedded model is
-    shown a note in its place); an upstream's model gets what is sent and decides."""
+    """Whether an image in the input reaches the model (one that takes text only, an
+    embedded model or an upstream that declares ``input_modalities = ["text"]``, is shown
+    a note in its place); an upstream's model gets what is sent and decides."""
     lark_grammars: bool = False
     """Whether a ``custom`` tool's Lark grammar holds the model's calls of it (Codex's
     freeform ``apply_patch``); where it does not, such a tool is not offered."""
@@ -301,6 +324,17 @@ class ModelGauges:
 
 class Backend(abc.ABC):
     """A source of model output. See the module docstring for the stream contract."""
+
+    input_modalities: tuple[InputModality, ...] = ("text",)
+    """What of a message reaches the model as it came: text only (images and files are
+    read from ``ChatMessage.content``, as markers and text), or images too (and files,
+    where the wire API carries them: ``ChatMessage.parts``). An upstream takes
+    :data:`TEXT_AND_IMAGES` unless configured otherwise."""
+
+    def takes_images(self, model: str | None = None) -> bool:
+        """Whether images (and files) reach ``model`` as they came: its backend's
+        ``input_modalities``, unless the model declares its own."""
+        return "image" in self.input_modalities
 
     hosts_tool_search: bool = False
     """Whether a request's tool search goes to this backend as it came

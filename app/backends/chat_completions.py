@@ -38,6 +38,14 @@ Dialects differ in two places that cannot be detected safely, so they are settin
   ``{"type": "json_object", "schema": {...}}`` (``json_object_schema``) and answers the
   standard form with HTTP 500.
 
+A user message's images go as ``image_url`` parts (the URL and ``detail`` as the client
+gave them; an image known only by ``file_id`` stays a marker, Chat Completions has no such
+part), its files as ``file`` parts (``file_data``/``file_id`` and ``filename``) where
+the dialect option ``file_parts`` says the upstream takes them, else as their text (or a
+marker): see :mod:`app.backends.parts`. An upstream declared text-only
+(``input_modalities``) gets every message as text. A 400 naming a part it was sent is
+mapped back to the client's path (:mod:`app.backends.media_params`).
+
 ``developer`` messages are sent as ``system``: several servers reject the newer role. An
 assistant message's ``phase`` (``commentary`` / ``final_answer``) is forwarded as a field
 of the message, as OpenAI's own API carries it; servers that do not know it ignore it.
@@ -59,20 +67,26 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.backends.base import (
+    TEXT_AND_IMAGES,
     ChatMessage,
+    ContentPart,
     Delta,
+    FilePart,
     GenerationRequest,
+    ImagePart,
+    InputModality,
     OutputFormat,
     ToolPolicy,
     ToolSpec,
 )
-from app.backends.chat_errors import error_for_status
+from app.backends.chat_errors import error_for_status, json_or_text
 from app.backends.chat_stream import ChunkDecoder
 from app.backends.http_client import Pool, TlsFiles
+from app.backends.media_params import chat_param, upstream_param
 from app.backends.message_json import MessageJson, dumps
 from app.backends.tool_names import names_back, wire_name
 from app.backends.upstream_http import DEFAULT_TIMEOUT, AnswerDecoder, HttpUpstream, Timeouts
-from app.errors import ORSError
+from app.errors import InvalidRequest, ORSError
 
 logger = logging.getLogger("ors.upstream")
 PATH = "/chat/completions"
@@ -94,6 +108,9 @@ class ChatDialect:
     """How a JSON Schema output format is asked for."""
     replay_reasoning: bool = False
     """Send prior reasoning back as ``reasoning_content`` on assistant messages."""
+    file_parts: bool = False
+    """Send a file as a ``file`` content part (OpenAI's); off, as its text or a marker
+    (most other servers refuse the part)."""
 
 
 class ChatCompletionsBackend(HttpUpstream):
@@ -115,13 +132,19 @@ class ChatCompletionsBackend(HttpUpstream):
         token_limit_field: TokenLimitField = ChatDialect.token_limit_field,
         schema_style: SchemaStyle = ChatDialect.schema_style,
         replay_reasoning: bool = ChatDialect.replay_reasoning,
+        file_parts: bool = ChatDialect.file_parts,
         owned_by: str = "upstream",
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
+        input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
-                         headers=headers, owned_by=owned_by, pool=pool, tls=tls)
-        self._message_json = MessageJson(lambda message: dumps(self._message(message)))
+        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout, headers=headers,
+                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities,
+                         model_input_modalities=model_input_modalities)
+        self.file_parts = file_parts
+        self._message_json = {media: MessageJson(lambda message, media=media: dumps(self._message(message, media)))
+                              for media in (False, True)}  # a message's JSON with its parts, or as text
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
@@ -139,7 +162,11 @@ class ChatCompletionsBackend(HttpUpstream):
         logprobs = bool(payload.get("logprobs"))
 
         def refused(status: int, body: bytes, url: str) -> ORSError:
-            return error_for_status(status, body, model=request.model, url=url, logprobs=logprobs)
+            error = error_for_status(status, body, model=request.model, url=url, logprobs=logprobs)
+            if type(error) is InvalidRequest and error.param is None:
+                error.param = chat_param(upstream_param(json_or_text(body.decode("utf-8", "replace"))),
+                                         request.messages)
+            return error
 
         def finished(decoder: AnswerDecoder, url: str) -> None:
             if isinstance(decoder, ChunkDecoder) and decoder.missing_logprobs:
@@ -147,7 +174,7 @@ class ChatCompletionsBackend(HttpUpstream):
                                url, request.model)
 
         return self.deltas(
-            PATH, self._body(payload, request.messages), stream=payload["stream"],
+            PATH, self._body(payload, request), stream=payload["stream"],
             decoder=lambda: ChunkDecoder(request.sampling.max_output_tokens, top_logprobs=top_logprobs),
             refused=refused, back=names_back((*request.tools, *request.late_tools)), finished=finished)
 
@@ -157,7 +184,8 @@ class ChatCompletionsBackend(HttpUpstream):
         messages (see :meth:`_body`)."""
         body: dict[str, Any] = {"model": request.model}
         if messages:
-            body["messages"] = [self._message(message) for message in request.messages]
+            media = self.takes_images(request.model)
+            body["messages"] = [self._message(message, media) for message in request.messages]
         if request.incremental:
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         else:
@@ -187,14 +215,17 @@ class ChatCompletionsBackend(HttpUpstream):
             body.update(logprobs=True, top_logprobs=sampling.top_logprobs or 0)
         return body
 
-    def _body(self, payload: dict[str, Any], messages: Sequence[ChatMessage]) -> bytes:
+    def _body(self, payload: dict[str, Any], request: GenerationRequest) -> bytes:
         """The request body: ``payload`` with the messages spliced in, each message's JSON
         made once and kept (:mod:`app.backends.message_json`)."""
-        return self._message_json.body(payload, "messages", messages)
+        return self._message_json[self.takes_images(request.model)].body(payload, "messages", request.messages)
 
-    def _message(self, message: ChatMessage) -> dict[str, Any]:
+    def _message(self, message: ChatMessage, media: bool = True) -> dict[str, Any]:
+        """``message`` on the wire; with ``media``, a user message's images and files as parts."""
         role = "system" if message.role == "developer" else message.role
         out: dict[str, Any] = {"role": role, "content": message.content}
+        if message.parts and role == "user" and media:
+            out["content"] = [self._part(part) for part in message.parts]  # one a part: media_params
         if role == "assistant":
             if message.tool_calls:
                 out["tool_calls"] = [
@@ -212,6 +243,15 @@ class ChatCompletionsBackend(HttpUpstream):
         if role == "tool":
             out["tool_call_id"] = message.tool_call_id or ""
         return out
+
+    def _part(self, part: ContentPart) -> dict[str, Any]:
+        if isinstance(part, ImagePart) and part.image_url is not None:
+            image = {"url": part.image_url} if part.detail is None else {"url": part.image_url, "detail": part.detail}
+            return {"type": "image_url", "image_url": image}
+        if isinstance(part, FilePart) and self.file_parts and (part.file_data is not None or part.file_id is not None):
+            fields = (("file_data", part.file_data), ("file_id", part.file_id), ("filename", part.filename))
+            return {"type": "file", "file": {key: value for key, value in fields if value is not None}}
+        return {"type": "text", "text": part.text}
 
     def _response_format(self, output: OutputFormat) -> dict[str, Any] | None:
         if output.kind == "json_object":

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,10 +108,13 @@ class ResponsesEventDecoder:
     """Turns one upstream Responses stream into deltas; see the module docstring.
 
     ``hold_text``: hand text and reasoning on only from final items. ``top_logprobs``:
-    ``None`` when logprobs were not asked, else how many alternatives to keep.
+    ``None`` when logprobs were not asked, else how many alternatives to keep. ``media``:
+    an error's ``param`` about a part of the input, as the client's (``stream_error``).
     """
 
-    def __init__(self, *, hold_text: bool = False, top_logprobs: int | None = None) -> None:
+    def __init__(self, *, hold_text: bool = False, top_logprobs: int | None = None,
+                 media: Callable[[str | None], str | None] | None = None) -> None:
+        self.media = media
         self.hold_text = hold_text
         self.top_logprobs = top_logprobs
         self.received = False
@@ -135,7 +138,7 @@ class ResponsesEventDecoder:
         payload = json_object(data)
         kind = payload.get("type") if isinstance(payload.get("type"), str) else event
         if kind == "error":
-            raise stream_error(payload.get("error", payload))
+            raise stream_error(payload.get("error", payload), self.media)
         if kind in _TERMINAL:
             return self._terminal(_TERMINAL[kind], payload.get("response"))
         if kind == "response.output_item.added":
@@ -165,7 +168,7 @@ class ResponsesEventDecoder:
         self.received = True
         response = json_object(body)
         if isinstance(response.get("error"), dict) and response.get("status") != ResponseStatus.FAILED:
-            raise stream_error(response["error"])
+            raise stream_error(response["error"], self.media)
         return self._terminal(str(response.get("status") or ResponseStatus.COMPLETED), response)
 
     def finish(self) -> Finish:

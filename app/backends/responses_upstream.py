@@ -19,8 +19,11 @@ messages become ``message`` items with string content; an assistant message beco
 tool message a ``function_call_output``. Prior reasoning is sent back (a ``reasoning``
 item with ``reasoning_text`` content, before the assistant's message) only with the
 dialect option ``replay_reasoning``: upstreams that did not produce the reasoning
-themselves may refuse it. Content a text-only conversation does not carry (images, files)
-reaches the upstream as the engine's markers, as for every backend.
+themselves may refuse it. A message (or a tool's output) that holds images or files is
+sent as a list of parts, each as it came (``input_text``, ``input_image``, ``input_file``;
+:mod:`app.backends.parts`), unless the upstream is declared text-only
+(``input_modalities``): then as text, with the engine's markers and a file's text. A 400
+naming such a part is mapped back to the client's path (:mod:`app.backends.media_params`).
 
 Tool search (dialect option ``native_tool_search``, on by default): the request's
 ``tool_search`` tool goes to the upstream as it came, with its deferred functions as
@@ -42,16 +45,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.backends.base import (
+    TEXT_AND_IMAGES,
     ChatMessage,
+    ContentPart,
     Delta,
+    FilePart,
     GenerationRequest,
     HostedToolSearch,
+    ImagePart,
+    InputModality,
     OutputFormat,
     ToolCall,
     ToolPolicy,
     ToolSpec,
 )
 from app.backends.http_client import Pool, TlsFiles
+from app.backends.media_params import responses_param
 from app.backends.message_json import MessageJson, dumps
 from app.backends.responses_errors import http_error
 from app.backends.responses_stream import ResponsesEventDecoder
@@ -100,15 +109,21 @@ class ResponsesUpstreamBackend(HttpUpstream):
         owned_by: str = "upstream",
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
+        input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
-        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout,
-                         headers=headers, owned_by=owned_by, pool=pool, tls=tls)
+        super().__init__(base_url, api_key=api_key, models=models, timeout=timeout, headers=headers,
+                         owned_by=owned_by, pool=pool, tls=tls, input_modalities=input_modalities,
+                         model_input_modalities=model_input_modalities)
         self.replay_reasoning = replay_reasoning
         self.hold_text = hold_text
         self.hosts_tool_search = native_tool_search
-        self._input_json = MessageJson(
-            lambda message: ",".join(dumps(item) for item in input_items(
-                (message,), replay_reasoning=self.replay_reasoning, searches=self.hosts_tool_search)))
+        self._input_json = {media: MessageJson(lambda message, media=media: ",".join(
+            dumps(item) for item in self._items((message,), media))) for media in (False, True)}
+
+    def _items(self, messages: Sequence[ChatMessage], media: bool) -> list[dict[str, Any]]:
+        return input_items(messages, replay_reasoning=self.replay_reasoning, searches=self.hosts_tool_search,
+                           media=media)
 
     def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         """Stream one upstream response as deltas, ending with exactly one ``Finish`` (see
@@ -118,14 +133,22 @@ class ResponsesUpstreamBackend(HttpUpstream):
         top_logprobs = (request.sampling.top_logprobs or 0) if request.sampling.logprobs else None
         logprobs = LOGPROBS_INCLUDE in payload.get("include", ())
 
+        def media(param: str | None) -> str | None:
+            return responses_param(param, self._owners(request))
+
         def refused(status: int, body: bytes, url: str) -> ORSError:
-            return http_error(status, body, model=request.model, url=url, logprobs=logprobs)
+            return http_error(status, body, model=request.model, url=url, logprobs=logprobs, media=media)
 
         return self.deltas(
-            PATH, self._input_json.body(payload, "input", request.messages),  # each message's items made once
+            PATH, self._input_json[self.takes_images(request.model)].body(payload, "input", request.messages),
             stream=payload["stream"],
-            decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs),
+            decoder=lambda: ResponsesEventDecoder(hold_text=self.hold_text, top_logprobs=top_logprobs, media=media),
             refused=refused, back=names_back(_all_tools(request)))
+
+    def _owners(self, request: GenerationRequest) -> list[ChatMessage]:
+        """The message each item of the input sent was made from, item by item."""
+        media = self.takes_images(request.model)
+        return [message for message in request.messages for _ in self._items((message,), media)]
 
     def payload(self, request: GenerationRequest, *, input: bool = True) -> dict[str, Any]:
         """The ``POST /responses`` body for ``request``: stateless, and streaming unless
@@ -134,8 +157,7 @@ class ResponsesUpstreamBackend(HttpUpstream):
         (which :meth:`stream` splices in)."""
         body: dict[str, Any] = {"model": request.model}
         if input:
-            body["input"] = input_items(request.messages, replay_reasoning=self.replay_reasoning,
-                                        searches=self.hosts_tool_search)
+            body["input"] = self._items(request.messages, self.takes_images(request.model))
         body |= {"stream": request.incremental, "store": False}
         search = request.tool_search
         if request.tools or request.late_tools or search is not None:
@@ -172,10 +194,10 @@ class ResponsesUpstreamBackend(HttpUpstream):
 
 
 def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = False,
-                searches: bool = False) -> list[dict[str, Any]]:
+                searches: bool = False, media: bool = True) -> list[dict[str, Any]]:
     """The conversation as Responses input items (see the module docstring); with
     ``searches``, tool searches as the upstream's own search items, else as calls of the
-    search function."""
+    search function; with ``media``, a message's parts as they came, else its text."""
     items: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool" and message.loaded is not None and searches:
@@ -184,9 +206,9 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
                           "tools": [_tool(spec) for spec in message.loaded.tools]})
         elif message.role == "tool":
             items.append({"type": ItemType.FUNCTION_CALL_OUTPUT, "call_id": message.tool_call_id or "",
-                          "output": message.content})
+                          "output": _content(message, media)})
         elif message.role != "assistant":
-            items.append({"type": ItemType.MESSAGE, "role": message.role, "content": message.content})
+            items.append({"type": ItemType.MESSAGE, "role": message.role, "content": _content(message, media)})
         else:
             if replay_reasoning and message.reasoning:
                 items.append({"type": ItemType.REASONING, "summary": [],
@@ -201,6 +223,23 @@ def input_items(messages: Sequence[ChatMessage], *, replay_reasoning: bool = Fal
                 items.append(said)
             items += [_call(call, searches) for call in message.tool_calls]
     return items
+
+
+def _content(message: ChatMessage, media: bool) -> str | list[dict[str, Any]]:
+    """A message's text, or its parts as the client sent them (one a part: media_params)."""
+    return [_part(part) for part in message.parts] if media and message.parts else message.content
+
+
+def _part(part: ContentPart) -> dict[str, Any]:
+    if isinstance(part, ImagePart):
+        fields: tuple[tuple[str, str | None], ...] = (
+            ("image_url", part.image_url), ("file_id", part.file_id), ("detail", part.detail))
+        return {"type": "input_image", **{key: value for key, value in fields if value is not None}}
+    if isinstance(part, FilePart):
+        fields = (("filename", part.filename), ("file_data", part.file_data), ("file_url", part.file_url),
+                  ("file_id", part.file_id))
+        return {"type": "input_file", **{key: value for key, value in fields if value is not None}}
+    return {"type": "input_text", "text": part.text}
 
 
 def _call(call: ToolCall, searches: bool) -> dict[str, Any]:

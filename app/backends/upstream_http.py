@@ -18,6 +18,7 @@ upstream to stop generating.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from app.backends.base import Backend, Delta, Finish, ModelInfo
+from app.backends.base import TEXT_AND_IMAGES, Backend, Delta, Finish, InputModality, ModelInfo
 from app.backends.chat_errors import ERROR_BODY_LIMIT, error_for_status, upstream_errors
 from app.backends.http_client import Pool, Timeouts, TlsFiles, check_headers, upstream_client
 from app.backends.sse_parser import SSEParser
@@ -80,9 +81,13 @@ class HttpUpstream(Backend):
         owned_by: str = "upstream",
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
+        input_modalities: Sequence[InputModality] = TEXT_AND_IMAGES,
+        model_input_modalities: Mapping[str, Sequence[InputModality]] | None = None,
     ) -> None:
         """``pool``: the bounds of its connection pool; ``tls``: its own CA bundle and
-        client certificate (the system's trust, or ``SSL_CERT_FILE``, without). Raises
+        client certificate (the system's trust, or ``SSL_CERT_FILE``, without);
+        ``input_modalities``: what its models take (:attr:`Backend.input_modalities`), and
+        ``model_input_modalities`` what some take instead, by the id it is sent. Raises
         ``ValueError`` for a base URL that is not an upstream's, a header that cannot be
         sent, or TLS files that cannot be used."""
         url = urllib.parse.urlsplit(base_url)
@@ -92,6 +97,8 @@ class HttpUpstream(Backend):
             raise ValueError(f"the upstream base URL must be scheme, host, port and path only (a key goes in "
                              f"its api_key), got {base_url!r}")
         self.base_url = base_url.rstrip("/")
+        self.input_modalities = tuple(input_modalities)
+        self.model_input_modalities = {model: tuple(taken) for model, taken in (model_input_modalities or {}).items()}
         self.allowed_models = tuple(models) if models is not None else None
         self.owned_by = owned_by
         self._headers = dict(headers or {})
@@ -180,7 +187,12 @@ class HttpUpstream(Backend):
     # -- models ------------------------------------------------------------------------------
 
     def models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=name, owned_by=self.owned_by) for name in self.allowed_models or ()]
+        return [ModelInfo(id=name, owned_by=self.owned_by, images=self.takes_images(name))
+                for name in self.allowed_models or ()]
+
+    def takes_images(self, model: str | None = None) -> bool:
+        taken = self.model_input_modalities.get(model, self.input_modalities) if model else self.input_modalities
+        return "image" in taken
 
     def serves(self, model: str) -> bool:
         return self.allowed_models is None or model in self.allowed_models
@@ -205,7 +217,8 @@ class HttpUpstream(Backend):
                 status, body = answer.status_code, answer.content
                 if status != 200:
                     raise error_for_status(status, body, model="", url=url)
-            listed = model_infos(json.loads(body), self.owned_by)
+            listed = [dataclasses.replace(info, images=self.takes_images(info.id))
+                      for info in model_infos(json.loads(body), self.owned_by)]
         except (ORSError, ValueError) as exc:
             logger.warning("could not list the models of the upstream at %s: %s", url, exc)
             return list(self._model_list) if self._model_list is not None else self.models()

@@ -1,9 +1,14 @@
 """What the model sees: Responses items turned into the backend-neutral conversation.
 
 Order is the spec's: instructions first (as a system message), then the items in the
-order given (for a chain: previous input, previous output, new input). Content a
-text-only model cannot take is never dropped silently: an image or a binary file becomes
-a short marker that tells the model it was there.
+order given (for a chain: previous input, previous output, new input). A message (or a
+tool's output) that holds an image or a file keeps them as its ``parts``, in their place
+among its text (:mod:`app.backends.parts`), for a backend that takes them as they came.
+Each part also says what a text-only model is shown instead, so content such a model
+cannot take is never dropped silently: an image or a binary file becomes a short marker
+that tells the model it was there; a text file, its text. Each image and file of the
+request's own input knows where the client sent it (``input[i].content[j]``); those of
+earlier responses of a chain do not (``param`` ``None``).
 """
 
 from __future__ import annotations
@@ -12,11 +17,11 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from app.backends.base import ChatMessage, ToolCall, ToolSearchResult
+from app.backends.base import ChatMessage, ContentPart, FilePart, ImagePart, Role, TextPart, ToolCall, ToolSearchResult
 from app.engine.tool_search import SEARCH_FUNCTION, UNNAMED_CALL, function_spec, loaded_functions, loaded_text
 from app.protocol.content import (
     InputFileParam,
@@ -80,20 +85,39 @@ def _split_data_url(data: str) -> tuple[str | None, str]:
     return None, data
 
 
-def _parts_text(parts: Iterable[object]) -> str:
-    pieces: list[str] = []
-    for part in parts:
+def _parts(content: Iterable[object], where: str | None) -> tuple[tuple[ContentPart, ...], bool]:
+    """The parts of a content list (each image and file with its path below ``where``,
+    the list's own path), and whether an image or a file is among them."""
+    parts: list[ContentPart] = []
+    media = False
+    for index, part in enumerate(content):
+        param = f"{where}[{index}]" if where is not None else None
         if isinstance(part, InputTextParam | OutputTextParam):
-            pieces.append(part.text)
+            parts.append(TextPart(part.text))
         elif isinstance(part, RefusalParam):
-            pieces.append(part.refusal)
+            parts.append(TextPart(part.refusal))
         elif isinstance(part, InputImageParam):
-            pieces.append(image_marker(part))
+            parts.append(ImagePart(part.image_url, part.file_id, part.detail, image_marker(part), param))
+            media = True
         elif isinstance(part, InputFileParam):
-            pieces.append(file_text(part))
+            parts.append(FilePart(part.filename, part.file_data, part.file_url, part.file_id, file_text(part), param))
+            media = True
         elif isinstance(part, InputVideoParam):
-            pieces.append("[A video was attached here. This model cannot watch videos.]")
-    return "\n".join(pieces)
+            parts.append(TextPart("[A video was attached here. This model cannot watch videos.]"))
+    return tuple(parts), media
+
+
+def _message(role: Role, content: str | Sequence[object], where: str | None, *, tool_call_id: str | None = None,
+             reasoning: str | None = None, phase: str | None = None) -> ChatMessage:
+    """A message of ``content``: with its parts when it holds an image or a file."""
+    parts: tuple[ContentPart, ...] = ()
+    if isinstance(content, str):
+        text = content
+    else:
+        made, media = _parts(content, where)
+        text, parts = ("", made) if media else ("\n".join(part.text for part in made), ())
+    return ChatMessage(role=role, content=text, parts=parts, tool_call_id=tool_call_id, reasoning=reasoning,
+                       phase=phase)
 
 
 def _reasoning_text(item: ReasoningParam, sealed: SealedContent | None) -> str:
@@ -104,10 +128,6 @@ def _reasoning_text(item: ReasoningParam, sealed: SealedContent | None) -> str:
         log.info("dropped reasoning item %s: its encrypted_content was not sealed by this server", item.id)
     raw = "\n".join(str(c.get("text", "")) for c in item.content or [] if isinstance(c, dict))
     return raw or "\n".join(part.text for part in item.summary)
-
-
-def _content_text(content: str | Sequence[object]) -> str:
-    return content if isinstance(content, str) else _parts_text(content)
 
 
 class SealedContent(Protocol):
@@ -140,6 +160,7 @@ def build_messages(
     *,
     sealed: SealedContent | None = None,
     start: Conversation = EMPTY,
+    paths: Mapping[int, str] | None = None,
 ) -> list[ChatMessage]:
     """Turn ``instructions`` and input items (already checked) into chat messages, after
     the conversation ``start`` (the earlier items of a chain, already built).
@@ -150,34 +171,29 @@ def build_messages(
     search function; a ``tool_search_output`` is a tool message that describes the
     functions it loaded (:mod:`app.engine.tool_search`). A compaction item becomes a system message with
     the summary it holds; reasoning whose ``encrypted_content`` this server cannot open
-    is dropped (with a log line), never fatal.
+    is dropped (with a log line), never fatal. ``paths``: where the client sent each item
+    (``input[3]``), by the item's ``id()``, for the parts' ``param``.
     """
-    conversation = extend_conversation(start, items, sealed=sealed)
+    conversation = extend_conversation(start, items, sealed=sealed, paths=paths)
     head = [ChatMessage(role="system", content=instructions)] if instructions else []
     return [*head, *conversation.messages]
 
 
 def extend_conversation(
-    start: Conversation, items: Iterable[object], *, sealed: SealedContent | None = None
+    start: Conversation, items: Iterable[object], *, sealed: SealedContent | None = None,
+    paths: Mapping[int, str] | None = None,
 ) -> Conversation:
     """``start`` followed by ``items`` (see :func:`build_messages`)."""
     messages = list(start.messages)
     pending_reasoning = list(start.pending_reasoning)
     for item in items:
-        if isinstance(item, UserMessageParam):
-            messages.append(ChatMessage(role="user", content=_content_text(item.content)))
-        elif isinstance(item, SystemMessageParam):
-            messages.append(ChatMessage(role="system", content=_content_text(item.content)))
-        elif isinstance(item, DeveloperMessageParam):
-            messages.append(ChatMessage(role="developer", content=_content_text(item.content)))
+        where = paths.get(id(item)) if paths is not None else None
+        if isinstance(item, UserMessageParam | SystemMessageParam | DeveloperMessageParam):
+            messages.append(_message(item.role, item.content, f"{where}.content" if where else None))
         elif isinstance(item, AssistantMessageParam):
             messages.append(
-                ChatMessage(
-                    role="assistant",
-                    content=_content_text(item.content),
-                    reasoning="\n".join(pending_reasoning) or None,
-                    phase=item.phase,
-                )
+                _message("assistant", item.content, None,
+                         reasoning="\n".join(pending_reasoning) or None, phase=item.phase)
             )
             pending_reasoning = []
         elif isinstance(item, FunctionCallParam | CustomToolCallParam | ToolSearchCallParam):
@@ -201,9 +217,8 @@ def extend_conversation(
                 )
                 pending_reasoning = []
         elif isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
-            messages.append(
-                ChatMessage(role="tool", content=_content_text(item.output), tool_call_id=item.call_id)
-            )
+            messages.append(_message("tool", item.output, f"{where}.output" if where else None,
+                                     tool_call_id=item.call_id))
         elif isinstance(item, ToolSearchOutputParam):
             functions = loaded_functions(item.tools)
             loaded = ToolSearchResult(tuple(function_spec(f) for f in functions), item.execution or "server")

@@ -202,7 +202,10 @@ class Engine:
         for index, item in enumerate(new_items):
             if isinstance(item, CompactionParam):
                 check_compaction(sealed, item, f"input[{index}]")
-        messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed))
+        paths = {id(item): f"input[{index}]" for index, item in enumerate(body.input)} \
+            if isinstance(body.input, list) else None  # where each image and file was sent
+        messages = build_messages(body.instructions, new_items, sealed=sealed, start=past.conversation(sealed),
+                                  paths=paths)
         if not messages and require_input:
             raise InvalidRequest("The request has no input for the model.", code="empty_input", param="input")
         surface = tool_surface(body, itertools.chain(past.search_outputs(), new_items),

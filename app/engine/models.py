@@ -44,6 +44,10 @@ class Route:
     """Whether ``/v1/models`` also asks the upstream what it serves (each id it lists
     appears under this route's first prefix, if it routes back here)."""
 
+    def info(self, name: str) -> ModelInfo:
+        """One of :attr:`models`, as listed: with what its upstream declares it takes."""
+        return ModelInfo(id=name, owned_by=self.name, images=self.backend.takes_images(name))
+
     def candidates(self, listed: Iterable[ModelInfo]) -> list[ModelInfo]:
         """The ids a client would use for the upstream's own ids ``listed``."""
         prefix = self.prefixes[0] if self.prefixes and self.strip_prefix else ""
@@ -123,7 +127,7 @@ class ModelRouter:
 
     def models(self) -> list[ModelInfo]:
         """The models known without asking anyone (for error messages)."""
-        routed = (ModelInfo(id=name, owned_by=route.name) for route in self.routes for name in route.models)
+        routed = (route.info(name) for route in self.routes for name in route.models)
         own = (info for backend in self.backends for info in backend.models())
         return _unique([*routed, *own])
 
@@ -131,7 +135,7 @@ class ModelRouter:
         """Every model served, then the aliases (for ``/v1/models``): each route's exact
         ids, the backends' own models, and for a route with ``list_models`` the ids its
         upstream lists, as a client would name them, when they route back to it."""
-        found = [ModelInfo(id=name, owned_by=route.name) for route in self.routes for name in route.models]
+        found = [route.info(name) for route in self.routes for name in route.models]
         for backend in self.backends:
             found += await backend.available_models()
         for route in self.routes:

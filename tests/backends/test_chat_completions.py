@@ -912,9 +912,9 @@ def test_the_body_sent_is_the_payload_with_each_messages_json_made_once() -> Non
                ChatMessage(role="assistant", content="", tool_calls=(ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
                ChatMessage(role="tool", content="12 C", tool_call_id="c1"))
     request = replace(ask("m", tools=(WEATHER,)), messages=history)
-    body = chat._body(chat.payload(request, messages=False), request.messages)
+    body = chat._body(chat.payload(request, messages=False), request)
     assert json.loads(body) == chat.payload(request)
-    assert len(chat._message_json) == len(history)
+    assert len(chat._message_json[True]) == len(history)  # the model takes images: the messages with parts
     longer = replace(request, messages=(*history, ChatMessage(role="user", content="And Rome?")))
-    assert json.loads(chat._body(chat.payload(longer, messages=False), longer.messages)) == chat.payload(longer)
-    assert len(chat._message_json) == len(history) + 1  # the past messages' JSON was reused
+    assert json.loads(chat._body(chat.payload(longer, messages=False), longer)) == chat.payload(longer)
+    assert len(chat._message_json[True]) == len(history) + 1  # the past messages' JSON was reused

@@ -326,13 +326,14 @@ def test_the_body_sent_is_the_payload_with_each_messages_items_made_once() -> No
                            tool_calls=(ToolCall("c1", "get_weather", '{"city":"Oslo"}'),)),
                ChatMessage(role="tool", content="12 C", tool_call_id="c1"))
     request = replace(ask("m", tools=(WEATHER,)), messages=history)
-    body = backend._input_json.body(backend.payload(request, input=False), "input", request.messages)
+    kept = backend._input_json[True]  # the model takes images: the messages with their parts
+    body = kept.body(backend.payload(request, input=False), "input", request.messages)
     assert json.loads(body) == backend.payload(request)
-    assert len(backend._input_json) == len(history)
+    assert len(kept) == len(history)
     longer = replace(request, messages=(*history, ChatMessage(role="user", content="And Rome?")))
-    spliced = backend._input_json.body(backend.payload(longer, input=False), "input", longer.messages)
+    spliced = kept.body(backend.payload(longer, input=False), "input", longer.messages)
     assert json.loads(spliced) == backend.payload(longer)
-    assert len(backend._input_json) == len(history) + 1  # the past messages' items were reused
+    assert len(kept) == len(history) + 1  # the past messages' items were reused
 
 
 async def test_a_name_past_64_characters_goes_out_short_and_comes_back_whole(

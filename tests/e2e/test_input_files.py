@@ -5,14 +5,17 @@ embedded model answers from a PDF's text."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from websockets.sync.client import connect
 
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
+from compliance import validate_ws_error
 from tests.client import Client
 from tests.conftest import QWEN
 from tests.live import LiveServer
@@ -22,14 +25,19 @@ FACT = "The launch code is PELICAN-42."
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedBackend) -> Iterator[Client]:
+def small_server(tmp_path_factory: pytest.TempPathFactory, scripted: ScriptedBackend) -> Iterator[LiveServer]:
     """A server of the scripted models that reads at most 3 pages and 200 characters of a file."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("files"), file_max_pages=3, file_max_text_chars=200)
     server = LiveServer(create_app(settings, backends=[scripted])).start()
-    client = Client(server.url)
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def small(small_server: LiveServer) -> Iterator[Client]:
+    client = Client(small_server.url)
     yield client
     client.close()
-    server.stop()
 
 
 def _ask(file_data: str, question: str = "What does it say?", name: str = "facts.pdf") -> list[dict[str, Any]]:
@@ -74,6 +82,16 @@ def test_a_file_that_cannot_be_read_is_a_400_before_any_generation(
     assert len(scripted.requests) == before  # the model never saw it
 
 
+def test_a_file_that_cannot_be_read_is_an_error_envelope_on_the_websocket(small_server: LiveServer) -> None:
+    url = small_server.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "response.create", "model": "scripted-text",
+                            "input": _ask(data_url(b"%PDF-1.4 cut"))}))
+        envelope = json.loads(ws.recv(timeout=30))
+        validate_ws_error(envelope)
+        assert (envelope["error"]["code"], envelope["error"]["param"]) == ("invalid_file", "input[0].content[1].file_data")
+
+
 def test_a_pdf_of_as_many_pages_as_the_limit_is_read_whole(small: Client, scripted: ScriptedBackend) -> None:
     small.create(model="scripted-text", input=_ask(data_url(text_pdf("One.", "Two.", "Three."))))
     assert "[Page 3 of 3]\nThree.\n[End of file facts.pdf]" in scripted.requests[-1].messages[-1].content
@@ -87,9 +105,11 @@ def test_compact_refuses_an_unreadable_pdf_too(small: Client) -> None:
 
 def test_the_embedded_model_answers_from_a_pdf(client: Client) -> None:
     pdf = text_pdf("Mission notes for the crew.", FACT)
+    question = "What is the launch code in the attached PDF? Reply with the code only."
+    content = [{"type": "input_file", "filename": "mission.pdf", "file_data": data_url(pdf)},
+               {"type": "input_text", "text": question}]
     response = client.create(model=QWEN, temperature=0, max_output_tokens=16, store=False,
-                             input=_ask(data_url(pdf), "What is the launch code in the attached PDF? "
-                                        "Reply with the code only.", name="mission.pdf"))
+                             input=[{"role": "user", "content": content}])
     answer = "".join(part["text"] for item in response["output"] if item["type"] == "message"
                      for part in item["content"] if part["type"] == "output_text")
     assert "PELICAN-42" in answer, answer

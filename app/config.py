@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.backends.http_client import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_KEEPALIVE, DEFAULT_POOL_WAIT
+from app.engine.files import DEFAULT_MAX_PAGES, DEFAULT_MAX_TEXT_CHARS, FileLimits
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES
 from app.engine.limits import (
     DEFAULT_MAX_INPUT_ITEMS,
@@ -210,6 +211,13 @@ class Settings(BaseSettings):
     or refuse it (400 ``unknown_tool``)."""
     max_image_bytes: int = Field(default=DEFAULT_MAX_IMAGE_BYTES, gt=0)
     """The largest image an ``input_image`` data URL may carry, decoded (400 ``image_too_large``)."""
+    file_max_pages: int = Field(default=DEFAULT_MAX_PAGES, gt=0)
+    """Pages of a PDF (an ``input_file``) read as text for the model; a PDF with more is a
+    400 ``file_too_many_pages`` naming the part's ``file_data``."""
+    file_max_text_chars: int = Field(default=DEFAULT_MAX_TEXT_CHARS, gt=0)
+    """Characters of text read from one ``input_file`` (a text file, or a PDF's text layer
+    without its page markers); a longer one is a 400 ``file_text_too_long`` naming the
+    part's ``file_data``."""
     tool_search_results: int = Field(default=DEFAULT_RESULTS, ge=1, le=100)
     """Deferred tools one tool search run by this server loads at most (the model may ask
     for fewer with the search's ``limit``)."""
@@ -258,6 +266,9 @@ class Settings(BaseSettings):
 
     def tool_search_limits(self) -> ToolSearchLimits:
         return ToolSearchLimits(results=self.tool_search_results, rounds=self.tool_search_rounds)
+
+    def file_limits(self) -> FileLimits:
+        return FileLimits(max_pages=self.file_max_pages, max_text_chars=self.file_max_text_chars)
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(

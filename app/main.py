@@ -168,6 +168,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         foreign_items=settings.foreign_items,
         gate_unknown_tool=settings.gate_unknown_tool,
         max_image_bytes=settings.max_image_bytes,
+        file_limits=settings.file_limits(),
         limits=settings.request_limits(),
         tool_search=settings.tool_search_limits(),
     )

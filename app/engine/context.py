@@ -13,8 +13,6 @@ earlier responses of a chain do not (``param`` ``None``).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app.backends.base import ChatMessage, ContentPart, FilePart, ImagePart, Role, TextPart, ToolCall, ToolSearchResult
+from app.engine.files import readable_text
 from app.engine.tool_search import SEARCH_FUNCTION, UNNAMED_CALL, function_spec, loaded_functions, loaded_text
 from app.protocol.content import (
     InputFileParam,
@@ -49,9 +48,6 @@ from app.protocol.tools import CUSTOM_INPUT, qualified_name
 
 log = logging.getLogger("ors.context")
 
-MAX_INLINE_FILE_CHARS = 100_000
-_TEXT_MEDIA_PREFIXES = ("text/", "application/json", "application/xml", "application/x-yaml")
-
 
 def image_marker(part: InputImageParam) -> str:
     source = ("an uploaded file" if part.file_id
@@ -61,28 +57,14 @@ def image_marker(part: InputImageParam) -> str:
 
 
 def file_text(part: InputFileParam) -> str:
-    """The text of an attached file when it is text, else a marker naming it."""
+    """The text of an attached file when it reads as text (a PDF's text layer, page by
+    page: :mod:`app.engine.files`), else a marker naming it."""
     name = part.filename or "unnamed file"
-    if part.file_data:
-        media, payload = _split_data_url(part.file_data)
-        if media is None or media.startswith(_TEXT_MEDIA_PREFIXES):
-            try:
-                decoded = base64.b64decode(payload, validate=True).decode("utf-8")
-            except (binascii.Error, ValueError, UnicodeDecodeError):
-                decoded = None
-            if decoded is not None:
-                if len(decoded) > MAX_INLINE_FILE_CHARS:
-                    decoded = decoded[:MAX_INLINE_FILE_CHARS] + "\n[... file truncated ...]"
-                return f"[File {name}]\n{decoded}\n[End of file {name}]"
+    text = readable_text(part.file_data) if part.file_data else None
+    if text is not None:
+        return f"[File {name}]\n{text}\n[End of file {name}]"
     where = f" at {part.file_url}" if part.file_url else ""
     return f"[A file ({name}{where}) was attached here. Its content is not readable as text by this model.]"
-
-
-def _split_data_url(data: str) -> tuple[str | None, str]:
-    if data.startswith("data:") and "," in data:
-        header, payload = data[5:].split(",", 1)
-        return header.split(";", 1)[0] or None, payload
-    return None, data
 
 
 def _parts(content: Iterable[object], where: str | None) -> tuple[tuple[ContentPart, ...], bool]:

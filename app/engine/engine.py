@@ -9,7 +9,7 @@ HTTP error or a WebSocket error envelope):
 2. the replay gate checks the input exactly as sent, so its reasons win over generic
    validation errors;
 3. the body is validated into protocol models; the model id is resolved;
-4. input items are checked (images, extension items, compaction blobs, the place of a
+4. input items are checked (images, files, extension items, compaction blobs, the place of a
    ``compaction_trigger``, the tools a ``tool_search_output`` loads), the tools are
    sorted into what the model is shown and what a tool search may load
    (:mod:`app.engine.tool_search`), and the context is assembled, then fitted to the
@@ -50,6 +50,7 @@ from app.engine.compaction_turn import CompactionTurn, check_compaction_turn, co
 from app.engine.context import build_messages
 from app.engine.delivery import Delivery
 from app.engine.echo import initial_response
+from app.engine.files import FileLimits, check_files
 from app.engine.gate import UnknownToolPolicy
 from app.engine.history import History, HistoryCache, HistorySource
 from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
@@ -126,6 +127,7 @@ class Engine:
         foreign_items: str = "reject",
         gate_unknown_tool: UnknownToolPolicy = "accept",
         max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES,
+        file_limits: FileLimits = FileLimits(),
         limits: RequestLimits = RequestLimits(),
         tool_search: ToolSearchLimits = ToolSearchLimits(),
     ) -> None:
@@ -148,6 +150,8 @@ class Engine:
         """Whether the replay gate refuses an answer to a call of an undefined tool."""
         self.max_image_bytes = max_image_bytes
         """The largest image a data URL may carry, decoded."""
+        self.file_limits = file_limits
+        """How much of an attached file is read as text (``ORS_FILE_MAX_*``)."""
         self.limits = limits
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
         self.tool_search = tool_search
@@ -184,6 +188,7 @@ class Engine:
             check_loaded(body.input)
         trigger = trigger_index(body)
         await check_images(body.input, max_bytes=self.max_image_bytes)
+        await check_files(body.input, self.file_limits)
         requested = body.model or self.router.default_model
         model, backend = self.router.resolve(requested)
         note_model(requested)

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from app.engine.body_decoding import decode_body
 from app.engine.compaction import compact_request
+from app.engine.files import check_files
 from app.engine.images import check_images
 from app.engine.limits import check_counts
 from app.engine.sealing import Sealer
@@ -37,6 +38,7 @@ async def compact_response(request: Request, engine: EngineDep, tenant: TenantDe
             check_counts(data, engine.limits)
         body = parse_body(CompactBody, data)
         await check_images(body.input, max_bytes=engine.max_image_bytes)
+        await check_files(body.input, engine.file_limits)
         resource = await compact_request(
             body, router=engine.router, history=history_for(engine, tenant), sealer=_sealer(request)
         )

@@ -28,10 +28,10 @@ from compliance.http_checks import TINY_PNG_DATA_URL
 from tests.acceptance import run_acceptance
 from tests.client import Client
 from tests.live import LiveServer, serve_in_front
+from tests.pdfs import text_pdf
 from tests.upstream_server import DONE, ScriptedUpstream, chunk, running_scripted_upstream
 
-PDF = b"%PDF-1.4\n1 0 obj <</Type /Catalog /Pages 2 0 R>> endobj\n2 0 obj <</Type /Pages /Kids [] /Count 0>> endobj\n" \
-      b"trailer <</Root 1 0 R>>\n%%EOF\n"
+PDF = text_pdf("The tiny file says: kumquat.")
 PDF_DATA = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
 CAT = "https://example.com/cat.png"
 MARKER = "[An image (a data URL) was attached here."
@@ -222,7 +222,8 @@ def test_without_file_parts_a_chat_upstream_gets_the_file_as_text(client: Client
     said, notes_part, pdf_part, image_part = conversation[-1]["content"]
     assert said == {"type": "text", "text": "Read these."}
     assert notes_part["type"] == "text" and "tangerine" in notes_part["text"]
-    assert pdf_part["type"] == "text" and "tiny.pdf" in pdf_part["text"] and "base64" not in pdf_part["text"]
+    assert pdf_part["type"] == "text" and "tiny.pdf" in pdf_part["text"] and "kumquat" in pdf_part["text"]
+    assert "base64" not in pdf_part["text"]
     assert image_part == {"type": "image_url", "image_url": {"url": TINY_PNG_DATA_URL}}
 
 

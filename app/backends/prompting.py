@@ -5,8 +5,13 @@ expect OpenAI-shaped chat messages, with some quirks that this module absorbs:
 
 * ``content`` is always a plain string (Qwen's template fails on a list of parts, and
   SmolLM2's concatenates it, so ``None`` would fail too).
-* ``developer`` becomes ``system``; leading system messages are merged into one, because
-  templates treat only ``messages[0]`` as the system prompt (Qwen appends its tools there).
+* ``developer`` becomes ``system``. Each system message stays a turn of its own:
+  ``messages[0]`` is the template's system prompt (Qwen appends its tools there), and a
+  later one is rendered where it stands, so that a conversation that grows by more system
+  messages (an agent's permissions, its environment) extends the prompt of its first
+  message and tools instead of rewriting it; the prompt cache, and a warm-up of the
+  first request (:mod:`app.backends.warm_ups`), then hold. Only for a template that
+  rejects a system message after the first are the leading ones merged into one.
 * Assistant ``tool_calls`` carry ``arguments`` as a JSON object where possible: templates
   render them with ``tojson``, and a string would be rendered doubly quoted.
 
@@ -46,12 +51,13 @@ __all__ = [
 ]
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """The conversation as the chat template expects it (OpenAI chat message dicts)."""
+def template_messages(messages: Sequence[ChatMessage], *, merge_system: bool = False) -> list[dict[str, Any]]:
+    """The conversation as the chat template expects it (OpenAI chat message dicts); with
+    ``merge_system``, the leading system messages as one (see the module docstring)."""
     rendered: list[dict[str, Any]] = []
     for message in messages:
         role = "system" if message.role == "developer" else message.role
-        if role == "system" and rendered and _only_system_so_far(rendered):
+        if merge_system and role == "system" and rendered and _only_system_so_far(rendered):
             rendered[-1]["content"] = _join(rendered[-1]["content"], message.content)
             continue
         entry: dict[str, Any] = {"role": role, "content": message.content or ""}
@@ -96,7 +102,9 @@ def tool_instructions(tools: Sequence[ToolSpec]) -> str:
 def prompt_messages(
     messages: Sequence[ChatMessage], tools: Sequence[ToolSpec], *, template_renders_tools: bool
 ) -> tuple[ChatMessage, ...]:
-    """``messages`` plus the system text that tool use needs, after the leading system messages.
+    """``messages`` with the system text that tool use needs at the end of the first
+    system message (the template's system prompt; the tools follow it), so that the
+    prompt of the conversation's start does not change when more system messages come.
 
     Depends only on the conversation and the tools, never on the tool policy. A
     conversation without tools or tool results is returned unchanged. Without a system
@@ -106,15 +114,13 @@ def prompt_messages(
     """
     if not tools and not any(message.role == "tool" for message in messages):
         return tuple(messages)
-    leading = 0
-    while leading < len(messages) and messages[leading].role in ("system", "developer"):
-        leading += 1
-    parts = [] if leading else [DEFAULT_SYSTEM]
+    first = messages[0] if messages and messages[0].role in ("system", "developer") else None
+    parts = [first.content] if first is not None else [DEFAULT_SYSTEM]
     if tools and not template_renders_tools:
         parts.append(tool_instructions(tools))
     parts.append(TOOL_RESULT_HINT)
-    added = ChatMessage("system", "\n\n".join(parts))
-    return (*messages[:leading], added, *messages[leading:])
+    system = ChatMessage("system", "\n\n".join(part for part in parts if part))
+    return (system, *messages[1:]) if first is not None else (system, *messages)
 
 
 class ChatTemplate:
@@ -134,13 +140,20 @@ class ChatTemplate:
         ``InvalidRequest``; any other template failure is a ``ModelError``.
         """
         try:
-            return self._template.render(
-                messages=template_messages(messages), tools=tools, add_generation_prompt=True, **self._special
-            )
+            try:
+                return self._render(template_messages(messages), tools)
+            except _ConversationRejected:
+                merged = template_messages(messages, merge_system=True)
+                if len(merged) == len(messages):
+                    raise
+                return self._render(merged, tools)
         except _ConversationRejected as exc:
             raise InvalidRequest(f"The model cannot take this conversation: {exc}", param="input") from exc
         except (TemplateError, TypeError, ValueError, KeyError) as exc:
             raise ModelError(f"The model's chat template failed to render: {exc}") from exc
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=True, **self._special)
 
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")

@@ -4,7 +4,7 @@ import pytest
 from llama_cpp.llama_grammar import JSON_GBNF
 
 from app.backends.base import ChatMessage, OutputFormat, ToolCall, ToolSpec
-from app.backends.prompting import ChatTemplate, output_grammar, template_messages
+from app.backends.prompting import TOOL_RESULT_HINT, ChatTemplate, output_grammar, prompt_messages, template_messages
 from app.errors import InvalidRequest
 
 CHATML = (
@@ -19,7 +19,7 @@ WEATHER = ToolSpec(
 SEARCH = ToolSpec(name="search_web")
 
 
-def test_developer_becomes_system_and_leading_system_messages_merge() -> None:
+def test_developer_becomes_system_and_each_system_message_stays_a_turn() -> None:
     messages = (
         ChatMessage("system", "Be brief."),
         ChatMessage("developer", "Answer in French."),
@@ -28,10 +28,51 @@ def test_developer_becomes_system_and_leading_system_messages_merge() -> None:
     )
 
     assert template_messages(messages) == [
-        {"role": "system", "content": "Be brief.\n\nAnswer in French."},
+        {"role": "system", "content": "Be brief."},
+        {"role": "system", "content": "Answer in French."},
         {"role": "user", "content": "Hi"},
         {"role": "system", "content": "Later instruction."},
     ]
+    assert template_messages(messages, merge_system=True)[:2] == [
+        {"role": "system", "content": "Be brief.\n\nAnswer in French."},
+        {"role": "user", "content": "Hi"},
+    ]
+
+
+FIRST_SYSTEM_ONLY = (
+    "{% for message in messages %}{% if message['role'] == 'system' and not loop.first %}"
+    "{{ raise_exception('System role only first') }}{% endif %}"
+    "{{ '<' + message['role'] + '>' + message['content'] }}{% endfor %}"
+)
+
+
+def test_a_template_that_takes_one_system_message_gets_the_leading_ones_merged() -> None:
+    template = ChatTemplate(FIRST_SYSTEM_ONLY, bos_token="", eos_token="")
+
+    prompt = template.render((ChatMessage("system", "A."), ChatMessage("developer", "B."), ChatMessage("user", "Hi")))
+
+    assert prompt == "<system>A.\n\nB.<user>Hi"
+    with pytest.raises(InvalidRequest, match="System role only first"):
+        template.render((ChatMessage("user", "Hi"), ChatMessage("system", "Late.")))
+
+
+def test_more_system_messages_extend_the_prompt_of_the_first_with_its_tools() -> None:
+    """An agent's warm-up sends its instructions and tools; its first turn adds system
+    messages (permissions, environment) and the task: the warm-up's prompt, but for the
+    assistant's opening, is where the turn's begins, so its cache holds."""
+    template = ChatTemplate(CHATML, bos_token="", eos_token="<|im_end|>")
+    tools = (WEATHER,)
+    opening = "<|im_start|>assistant\n"
+
+    def render(*messages: ChatMessage) -> str:
+        return template.render(prompt_messages(messages, tools, template_renders_tools=False))
+
+    warm_up = render(ChatMessage("developer", "You are an agent."))
+    turn = render(ChatMessage("developer", "You are an agent."), ChatMessage("developer", "Sandbox: read-only."),
+                  ChatMessage("user", "Hi"))
+    assert warm_up.endswith(opening) and turn.startswith(warm_up.removesuffix(opening))
+    assert "get_weather" in warm_up and TOOL_RESULT_HINT in warm_up
+    assert turn.count(TOOL_RESULT_HINT) == 1 and turn.index("Sandbox") > turn.index(TOOL_RESULT_HINT)
 
 
 def test_tool_calls_and_results_take_the_openai_shape() -> None:

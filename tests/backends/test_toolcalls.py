@@ -419,7 +419,6 @@ def test_the_tool_hint_is_added_only_with_tools_or_tool_results() -> None:
         ChatMessage("tool", "18C", tool_call_id="c1"),
     )
     assert prompt_messages(answered, (), template_renders_tools=True) == (
-        answered[0],
-        ChatMessage("system", TOOL_RESULT_HINT),
+        ChatMessage("system", f"Be brief.\n\n{TOOL_RESULT_HINT}"),
         *answered[1:],
     )

@@ -155,3 +155,35 @@ def test_a_warm_up_fills_the_embedded_models_prompt_cache(server: LiveServer) ->
     # all of the warm-up's prompt but the opening of the assistant's turn it ended with
     assert usage["input_tokens_details"]["cached_tokens"] >= prompt_tokens - 8, (usage, prompt_tokens)
     assert usage["input_tokens"] > prompt_tokens
+
+
+def test_a_warm_up_holds_for_a_turn_that_brings_more_system_messages(server: LiveServer) -> None:
+    """Codex's shape: its warm-up carries its instructions as a developer message and its
+    tools; the first turn chains from it with more developer messages (permissions, the
+    environment) before the task. The warm-up's prompt is still the turn's beginning: the
+    turn finds all of it cached (the system messages are not merged into one, which would
+    put the new ones before the tools and rewrite the prompt from there)."""
+    developer = f"Session {uuid.uuid4().hex}. " + "Answer in one short sentence and never use a list. " * 25
+    warm_input = [{"type": "message", "role": "developer", "content": developer}]
+    warm_body = {"model": SMOL, "tools": TOOLS, "input": warm_input, "store": False}
+    client = Client(server.url)
+    try:
+        counted = client.http.post("/v1/responses/input_tokens", json=warm_body)
+        assert counted.status_code == 200, counted.text
+        prompt_tokens = counted.json()["input_tokens"]
+    finally:
+        client.close()
+    sock = MuxSocket(ws_url(server))
+    try:
+        warm = warm_up(sock, **warm_body)
+        sock.send(model=SMOL, tools=TOOLS, store=False, previous_response_id=warm.id, max_output_tokens=16, input=[
+            {"type": "message", "role": "developer", "content": "The sandbox is read-only."},
+            {"type": "message", "role": "user", "content": "<environment_context>cwd: /repo</environment_context>"},
+            {"type": "message", "role": "user", "content": "Say hello."}])
+        [turn] = sock.turns(1, timeout=300)
+    finally:
+        sock.close()
+    usage = turn.final["usage"]
+    assert turn.final["status"] in ("completed", "incomplete")
+    assert usage["input_tokens_details"]["cached_tokens"] >= prompt_tokens - 8, (usage, prompt_tokens)
+    assert usage["input_tokens"] > prompt_tokens + 20

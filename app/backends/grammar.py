@@ -14,9 +14,10 @@ so that no schema makes a grammar the parser cannot hold:
   permits, up to ``MAX_FORCED_CALLS``, except when a single tool is allowed: that is how
   a named function arrives, and a named function is called exactly once;
 * :func:`lazy_call_grammar` is the same grammar under ``auto``, for llama.cpp to apply
-  only once the model opens a call with its single tag token (``grammar_lazy``): the
-  text before it is free, the call is held to the tools. A model that writes bare
-  objects gets none (its call cannot be told from text as it starts); the output parser
+  only once the model opens a call (``grammar_lazy``): with its single tag token, or,
+  where the parser takes a bare or fenced call (the start of the answer), once the text
+  so far is an optional fence and ``{"name":`` (:data:`BARE_CALL_TRIGGER`); the text
+  before is free, the call is held to the tools. The output parser
   (:mod:`app.backends.toolcalls`) enforces the policy on every call either way.
 
 A custom tool's Lark grammar (:class:`~app.backends.base.TextGrammar`) holds its input
@@ -41,13 +42,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.backends.base import OutputFormat, ToolPolicy, ToolSpec
-from app.backends.call_syntax import CallShape, gbnf_literal
+from app.backends.call_syntax import FENCE, FENCE_LABELS, CallShape, gbnf_literal
 from app.backends.json_text_gbnf import Repeats
 from app.backends.lark_gbnf import GbnfRules, UnsupportedGrammar, lark_to_gbnf
 from app.errors import InvalidRequest
 
 MAX_FORCED_CALLS = 8
 """Calls a forcing grammar allows when the policy sets no lower limit."""
+
+CALL_SPACE = "[ \\t\\n]"
+"""The whitespace a bare call may have between its tokens, as a character class of both
+GBNF and the trigger's regular expression (they must accept the same text)."""
+
+BARE_CALL_TRIGGER = (
+    rf'^{CALL_SPACE}*(?:{FENCE}(?:{"|".join(label for label in FENCE_LABELS if label)})?{CALL_SPACE}*)?'
+    rf'(\{{){CALL_SPACE}*"name"{CALL_SPACE}*:{CALL_SPACE}*"?$'
+)
+"""When the lazy grammar of a bare or fenced call starts to hold (llama.cpp's
+``COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL``: the whole text generated so far matches):
+at the start of the answer, after an optional opening fence, an object's first key
+``"name"`` and its colon. The grammar is given the text from the brace (the first
+group) on, which its bare call accepts whatever the spacing; a token that runs past the
+colon into more than the opening quote never matches, and the call stays free as
+before. The name is then held to the tools."""
 
 CUSTOM_ARGUMENTS = ('{"input": "', '"}')
 """What the arguments of a call held to a custom tool's grammar are around its one string
@@ -167,22 +184,25 @@ def tool_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: Call
 
 
 def lazy_call_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape) -> str | None:
-    """Under ``auto``, the grammar of :func:`tool_call_grammar` for llama.cpp to apply
-    lazily: only once the model writes its opening tag token (``shape.trigger``), so the
-    text before a call is free and the call itself is held to the allowed tools' names
-    and arguments. ``None`` for another mode, for a shape without a single opening token
-    (a bare object cannot be told from text when it starts), or when no tool may be
-    called. Raises as :func:`tool_call_grammar` does for a schema it cannot convert."""
-    if policy.mode != "auto" or shape.trigger is None:
+    """Under ``auto``, a grammar for llama.cpp to apply lazily: calls to the allowed tools
+    with their arguments, opened with the tag token (``shape.trigger``, as
+    :func:`tool_call_grammar` writes them) or bare or fenced, once
+    :data:`BARE_CALL_TRIGGER` matched (from the object's brace on, whatever its spacing;
+    several calls as the policy allows; a closing fence at the end). ``None`` for another
+    mode, or when no tool may be called. Raises as :func:`tool_call_grammar` does for a
+    schema it cannot convert."""
+    if policy.mode != "auto":
         return None
-    return _calls_grammar(tools, policy, shape)
+    return _calls_grammar(tools, policy, shape, lazy=True)
 
 
-def _calls_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape) -> str | None:
-    """One or more calls to the tools ``policy`` allows, in ``shape``; ``None`` when it
-    allows none of them."""
+def _calls_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallShape, *,
+                   lazy: bool = False) -> str | None:
+    """One or more calls to the tools ``policy`` allows, in ``shape`` (and ``lazy``, as
+    :func:`lazy_call_grammar` takes them); ``None`` when it allows none of them."""
     converter = _Converter()
     alternatives: list[str] = []
+    bare: list[str] = []
     seen: set[str] = set()
     for index, tool in enumerate(tools):
         if tool.name in seen or not policy.may_call(tool.name):
@@ -191,6 +211,9 @@ def _calls_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallSha
         arguments = converter.arguments_rule(tool, index)
         prefix = '{"name": ' + json.dumps(tool.name) + ', "arguments": '
         alternatives.append(f'{gbnf_literal(prefix)} {arguments} "}}"')
+        name = gbnf_literal(json.dumps(tool.name))
+        bare.append(f'"{{" call-space "\\"name\\"" call-space ":" call-space {name} call-space "," '
+                    f'call-space "\\"arguments\\"" call-space ":" call-space {arguments} call-space "}}"')
     if not alternatives:
         return None
     limits = [MAX_FORCED_CALLS] + ([policy.max_calls] if policy.max_calls is not None else [])
@@ -198,12 +221,23 @@ def _calls_grammar(tools: Sequence[ToolSpec], policy: ToolPolicy, shape: CallSha
     count = max(1, min(limits)) if policy.parallel and not named else 1
     block = " ".join(part for part in (shape.open, "tool-call", shape.close) if part)
     more = f" ( {shape.separator} tool-call-block ){{0,{count - 1}}}" if count > 1 else ""
+    tagged = [f"tool-call-block{more}"] if not lazy or shape.trigger is not None else []
     rules = [
-        f"root ::= tool-call-block{more}",
         f"tool-call-block ::= {block}",
         "tool-call ::= " + " | ".join(alternatives),
     ]
-    return "\n".join([*rules, converter.format_grammar()])
+    if lazy:
+        labels = " | ".join(gbnf_literal(label) for label in FENCE_LABELS if label)
+        fence = gbnf_literal(FENCE)
+        again = f" ( bare-call-next bare-call ){{0,{count - 1}}}" if count > 1 else ""
+        rules += [
+            f"bare-calls ::= bare-call{again} call-space {fence}?",
+            f"bare-call-next ::= call-space ( {fence} call-space {fence} ( {labels} )? call-space )?",
+            "bare-call ::= " + " | ".join(bare),
+            f"call-space ::= {CALL_SPACE}*",
+        ]
+    root = " | ".join([*tagged, *(["bare-calls"] if lazy else [])])
+    return "\n".join([f"root ::= {root}", *rules, converter.format_grammar()])
 
 
 def check_text_grammars(tools: Sequence[ToolSpec]) -> None:

@@ -35,7 +35,7 @@ from app.backends.base import (
     Usage,
 )
 from app.backends.call_syntax import TAG_OPEN
-from app.backends.grammar import check_text_grammars, lazy_call_grammar
+from app.backends.grammar import BARE_CALL_TRIGGER, check_text_grammars, lazy_call_grammar
 from app.backends.logprob_ledger import LogprobLedger
 from app.backends.model_files import ModelSpec
 from app.backends.prompting import output_grammar, unicode_text
@@ -45,6 +45,9 @@ from app.errors import InvalidRequest
 
 TRIGGER_TOKEN = 0
 """llama.cpp's ``COMMON_GRAMMAR_TRIGGER_TYPE_TOKEN``: a trigger that is one token id."""
+TRIGGER_PATTERN_FULL = 3
+"""llama.cpp's ``COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN_FULL``: a regular expression the whole
+text generated so far must match."""
 
 _STOP_REASONS: dict[str, FinishReason] = {"limit": "length", "eos": "stop", "word": "stop"}
 
@@ -88,9 +91,11 @@ class Plan:
     grammar: str | None
     grammar_source: str
     """The request parameter the grammar was made from, named when llama.cpp rejects it."""
-    trigger: int | None
-    """The token after which llama-server applies the grammar (``grammar_lazy``), or
-    ``None`` for a grammar applied from the first token."""
+    lazy: bool
+    """Whether llama-server applies the grammar only once the model opens a call
+    (``grammar_lazy``, :func:`lazy_triggers`), rather than from the first token."""
+    call_token: int | None
+    """The vocabulary's single token that opens a tagged call, if it has one."""
     max_tokens: int | None
     sampling: dict[str, float]
     logprobs: bool = False
@@ -109,10 +114,10 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
     grammar, source = tool_call_grammar(callable_tools, request.tool_policy, shape), "tools"
     if grammar is None:
         grammar, source = output_grammar(request.output_format), "text.format.schema"
-    trigger = None
-    if grammar is None and request.tool_policy.mode == "auto" and shape.trigger is not None:
+    lazy = False
+    if grammar is None and request.tool_policy.mode == "auto":
         grammar, source = _lazy_grammar(callable_tools, request, vocabulary), "tools"
-        trigger = shape.trigger if grammar is not None else None
+        lazy = grammar is not None
     if grammar is not None:
         grammar = unicode_text(grammar)
     return Plan(
@@ -120,7 +125,8 @@ def make_plan(request: GenerationRequest, spec: ModelSpec, vocabulary: Vocabular
         tools=request.tools,
         grammar=grammar,
         grammar_source=source,
-        trigger=trigger,
+        lazy=lazy,
+        call_token=shape.trigger,
         max_tokens=chosen.max_output_tokens or spec.default_max_output_tokens,
         sampling={
             "temperature": defaults.temperature if chosen.temperature is None else chosen.temperature,
@@ -158,16 +164,19 @@ def completion_body(plan: Plan, tokens: list[int], max_tokens: int) -> dict[str,
         "cache_prompt": True,
         **plan.sampling,
         **({"grammar": plan.grammar} if plan.grammar is not None else {}),
-        **(_lazy_triggers(plan.trigger) if plan.trigger is not None else {}),
+        **(lazy_triggers(plan.call_token) if plan.lazy else {}),
         **({"n_probs": max(1, plan.top_logprobs)} if plan.logprobs else {}),
     }
 
 
-def _lazy_triggers(token: int) -> dict[str, Any]:
-    """The grammar waits for ``token`` (the opening tag) and holds what follows it; the
-    token itself is the grammar's first element, so nothing is replayed into it."""
+def lazy_triggers(call_token: int | None) -> dict[str, Any]:
+    """The grammar waits for the model to open a call: with ``call_token`` (the opening
+    tag, the grammar's own first element, so nothing is replayed into it), or bare or
+    fenced at the start of the answer (:data:`~app.backends.grammar.BARE_CALL_TRIGGER`:
+    llama-server replays the text from the object's brace into the grammar)."""
+    tag = [{"type": TRIGGER_TOKEN, "value": TAG_OPEN, "token": call_token}] if call_token is not None else []
     return {"grammar_lazy": True,
-            "grammar_triggers": [{"type": TRIGGER_TOKEN, "value": TAG_OPEN, "token": token}]}
+            "grammar_triggers": [*tag, {"type": TRIGGER_PATTERN_FULL, "value": BARE_CALL_TRIGGER}]}
 
 
 class CompletionReader:

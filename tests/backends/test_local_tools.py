@@ -27,6 +27,7 @@ from app.backends.base import (
     ToolPolicy,
     ToolSpec,
 )
+from app.backends.grammar import BARE_CALL_TRIGGER
 from app.backends.local import LocalBackend
 from app.backends.local_completion import completion_body, make_plan
 from app.backends.model_files import LOCAL_MODELS, ModelFiles
@@ -293,10 +294,13 @@ def test_qwen_auto_sends_the_call_grammar_lazily_and_none_sends_nothing(qwen_cac
         assert opening is not None
         auto = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS))
         assert auto["grammar_lazy"] is True
-        assert auto["grammar_triggers"] == [{"type": 0, "value": "<tool_call>", "token": opening}]
+        assert auto["grammar_triggers"] == [{"type": 0, "value": "<tool_call>", "token": opening},
+                                            {"type": 3, "value": BARE_CALL_TRIGGER}]
         forced = plan_body(vocabulary, ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="required")))
-        assert auto["grammar"] == forced["grammar"] and "grammar_lazy" not in forced
+        assert "grammar_lazy" not in forced
         assert str(auto["grammar"]).startswith("root ::= tool-call-block")
+        assert str(auto["grammar"]).split("\n")[0].endswith("| bare-calls")
+        assert set(str(forced["grammar"]).split("\n")[1:]) <= set(str(auto["grammar"]).split("\n"))
         for quiet in (ask("hi", model=QWEN, tools=QWEN_TOOLS, policy=ToolPolicy(mode="none")),
                       ask("hi", model=QWEN, tools=())):
             body = plan_body(vocabulary, quiet)
@@ -314,11 +318,13 @@ def test_qwen_auto_sends_the_call_grammar_lazily_and_none_sends_nothing(qwen_cac
         vocabulary.close()
 
 
-def test_smollm2_writes_bare_calls_and_gets_no_lazy_grammar(tmp_path: Path) -> None:
+def test_smollm2_writes_bare_calls_and_its_lazy_grammar_waits_for_one(tmp_path: Path) -> None:
     vocabulary = Vocabulary(LOCAL_MODELS[SMOLLM2], ModelFiles(tmp_path).path(SMOLLM2))
     try:
         assert vocabulary.call_shape.trigger is None
-        assert not {"grammar", "grammar_lazy"} & set(plan_body(vocabulary, ask("hi")))
+        body = plan_body(vocabulary, ask("hi"))
+        assert body["grammar_lazy"] is True and str(body["grammar"]).startswith("root ::= bare-calls\n")
+        assert body["grammar_triggers"] == [{"type": 3, "value": BARE_CALL_TRIGGER}]
     finally:
         vocabulary.close()
 
@@ -353,4 +359,26 @@ async def test_qwen_auto_call_opened_with_its_tag_is_held_to_the_schema(
     assert call.name == "get_weather", raw
     jsonschema.validate(json.loads(call.arguments), SHORT_CITY.parameters)
     assert raw[0] == "<tool_call>" and "".join(raw).endswith("}\n</tool_call>")
+    assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls"
+
+
+@pytest.mark.slow
+async def test_qwen_auto_call_written_in_a_fenced_block_is_held_to_the_schema(
+    qwen: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen2.5-Coder 1.5B writes this call in a fenced JSON block of its own accord
+    (without the bias of the test above); the lazy grammar takes it from its brace:
+    "Paris" does not fit ``maxLength: 3``, the name is one of the tools."""
+    raw = record_raw_text(monkeypatch)
+    policy = ToolPolicy(parallel=False)
+    deltas = await collect(qwen, ask("What's the weather in Paris?", model=QWEN, tools=(SHORT_CITY, SEARCH),
+                                     policy=policy, max_tokens=64))
+
+    written = "".join(raw)
+    assert written.lstrip().startswith(("```", "{")), written
+    [call] = calls_of(deltas)
+    assert call.name in ("get_weather", "search_web"), written
+    arguments = json.loads(call.arguments)
+    if call.name == "get_weather":
+        jsonschema.validate(arguments, SHORT_CITY.parameters)
     assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls"

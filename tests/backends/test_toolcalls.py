@@ -326,14 +326,17 @@ def test_call_shapes() -> None:
     assert 'tool-call-block ::= <[7]> "\\n" tool-call "\\n" <[8]>' in grammar
 
 
-def test_the_lazy_grammar_is_the_forced_one_under_auto_for_a_tagged_shape_only() -> None:
+def test_the_lazy_grammar_takes_tagged_calls_as_forced_and_bare_ones_under_auto_only() -> None:
     tagged = call_shape(True, (7, 8))
     forced = tool_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="required"), tagged)
-    assert forced and lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), tagged) == forced
+    lazy = lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), tagged)
+    assert forced and lazy
+    assert lazy.split("\n")[0] == forced.split("\n")[0] + " | bare-calls"
+    assert set(forced.split("\n")[1:]) <= set(lazy.split("\n"))
     assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="none"), tagged) is None
     assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(mode="required"), tagged) is None
-    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), call_shape(True)) is None
-    assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), CallShape()) is None
+    for untokened in (call_shape(True), CallShape()):
+        assert (lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(), untokened) or "").startswith("root ::= bare-calls\n")
     assert lazy_call_grammar(GRAMMAR_TOOLS, ToolPolicy(allowed=("nothing",)), tagged) is None
 
 

@@ -7,8 +7,10 @@ frame by a tap), and the pinned Codex CLI through ``ors codex`` in ``exec`` mode
 new git repository: a task that needs a shell command and a file edit, then ``exec
 resume --last`` with a second task. The session is capped (``--max-turns`` model turns,
 ``--minutes``; the first run gets all but two of the turns, and two thirds of the time
-if it needs them): a small model may go on calling tools. What Codex sent stays under
-``bench/results/work/`` (never committed), with the recording (a pickle) that
+if it needs them): a small model may go on calling tools. The recording backend passes
+no warm-up (``generate: false``) on: a warm-up changes no turn's prompt, and its
+evaluation beside the first turn's would only slow the recording. What Codex sent stays
+under ``bench/results/work/`` (never committed), with the recording (a pickle) that
 ``--replay`` reuses.
 
 *Replay*: each model turn made stateless (:mod:`bench.codex_turns`), with temperature 0
@@ -290,7 +292,7 @@ async def replay(model: str, work: Path, models: Path, recorded: list[Recorded])
 
 
 HEADER = (f"{'turn':>4} {'prompt ors/raw':>15} {'cached ors/raw':>15} {'first output ors/raw (s)':>25} "
-          f"{'ratio':>6} {'total ors/raw (s)':>19} {'ratio':>6} {'out ors/raw':>12}")
+          f"{'ratio':>6} {'total ors/raw (s)':>19} {'ratio':>6} {'out ors/raw':>12} {'raw 1st token':>14}")
 
 
 def _ratio(a: float, b: float) -> float:
@@ -305,7 +307,7 @@ def _print_row(row: dict[str, Any]) -> None:
           f"{ors['first_output']:>12.2f}/{raw['first_output']:<12.2f} "
           f"{_ratio(ors['first_output'], raw['first_output']):>6.2f} "
           f"{ors['total']:>9.2f}/{raw['total']:<9.2f} {_ratio(ors['total'], raw['total']):>6.2f} "
-          f"{ors['output']:>5}/{raw['output']:<6}", flush=True)
+          f"{ors['output']:>5}/{raw['output']:<6} {raw['first_token']:>14.2f}", flush=True)
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -355,9 +357,10 @@ def _plot(report: dict[str, Any], path: Path) -> None:
 
 
 async def run(model: str, max_turns: int, minutes: float, replayed: Path | None) -> dict[str, Any]:
-    work = RESULTS / "work" / "codex"
+    work = RESULTS / "work" / "agent-session"
     work.mkdir(parents=True, exist_ok=True)
     models = RESULTS / "data" / "models"
+    models.mkdir(parents=True, exist_ok=True)
     await asyncio.to_thread(ModelFiles(RESULTS / "data").path, model)  # assembled once, shared
     if replayed is None:
         if not os.access(CODEX, os.X_OK):
@@ -385,8 +388,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench codex")
     parser.add_argument("--model", default=Settings().default_model, choices=sorted(LOCAL_MODELS))
     parser.add_argument("--max-turns", type=int, default=6, help="model turns the session is capped at")
-    parser.add_argument("--minutes", type=float, default=15, help="minutes the session is capped at")
-    parser.add_argument("--replay", type=Path, help="replay this recording (bench/results/work/codex/"
+    parser.add_argument("--minutes", type=float, default=25, help="minutes the session is capped at")
+    parser.add_argument("--replay", type=Path, help="replay this recording (bench/results/work/agent-session/"
                         "recording.pickle) instead of recording a session")
     arguments = parser.parse_args(argv)
     asyncio.run(run(arguments.model, arguments.max_turns, arguments.minutes, arguments.replay))

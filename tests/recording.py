@@ -28,10 +28,6 @@ class RecordingBackend(Backend):
     async def check(self, request: GenerationRequest) -> None:
         await self.inner.check(request)
 
-    async def warm(self, request: GenerationRequest) -> None:
-        """Passed on, not recorded: a warm-up is no request for output."""
-        await self.inner.warm(request)
-
     def context_window(self, model: str) -> int | None:
         return self.inner.context_window(model)
 

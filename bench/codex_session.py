@@ -27,8 +27,8 @@ Per turn: prompt tokens (equal on both sides, or a warning), cached prompt token
 first output and to the end. *First output* is the first text, or the first sign of a
 tool call: on ors the first ``response.output_text.delta``, ``…arguments.delta``,
 ``…input.delta`` or ``response.output_item.added`` of a call; on raw the first delta ors's
-own output parser makes of llama-server's chunks (so a call is seen when its name is
-known, on both sides); raw's first token is reported too. A JSON report and a plot go to
+own output parser makes of llama-server's chunks (so both sides see text or a call when
+that parser lets it out); raw's first token is reported too. A JSON report and a plot go to
 ``bench/results/codex-<time>.json`` and ``.png``.
 
 Run: ``make bench`` (all benchmarks) or ``python -m bench codex [--model ID] [--max-turns N]``.

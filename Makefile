@@ -73,7 +73,7 @@ test-fast: lint
 	$(BIN)/python -m pytest -m "$(FAST_TESTS)" -n $(FAST_WORKERS) --dist loadscope
 
 # `make bench BENCH="proxy --quick"` runs one benchmark with its options.
-bench: $(STAMP) $(LLAMA_SERVER)
+bench: $(STAMP) $(LLAMA_SERVER) $(CODEX)
 	$(BIN)/python -m bench $(BENCH)
 
 lint: $(STAMP)

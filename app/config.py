@@ -66,6 +66,10 @@ class Settings(BaseSettings):
     model_chunk: int = Field(default=128, ge=16, le=8192)
     """Prompt tokens an embedded model evaluates per step, between two decoding steps of
     the streams already running: the longest a running stream waits for a new prompt."""
+    model_temperature: float | None = Field(default=None, ge=0, le=2)
+    """Sampling temperature of the embedded models for a request that sets none; unset
+    means each model's own (Qwen 0.7, SmolLM2 0.2). ``0`` decodes greedily, the same
+    answer to the same prompt: for agents whose client sends none (Codex)."""
     model_hang_seconds: float = Field(default=120.0, ge=0)
     """Seconds a running embedded model's llama-server may answer nothing (a stuck loop, a
     stopped process) before it is killed and started again; its streams then end with

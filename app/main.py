@@ -87,6 +87,7 @@ def default_backends(settings: Settings) -> list[Backend]:
             cache_ram_mib=settings.model_cache_ram_mib,
             kv_type=settings.model_kv_type,
             chunk=settings.model_chunk,
+            temperature=settings.model_temperature,
             server_binary=settings.llama_server,
             hang_seconds=settings.model_hang_seconds,
         )

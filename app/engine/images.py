@@ -74,7 +74,9 @@ async def check_images(items: object, *, max_bytes: int = DEFAULT_MAX_IMAGE_BYTE
             _check_data_image(image, max_bytes)
 
 
-def _image_parts(items: list[object]) -> Iterator[tuple[str, InputImageParam]]:
+def input_parts(items: list[object]) -> Iterator[tuple[str, object]]:
+    """Every content part of the input's messages and tool outputs, with its path
+    (``input[i].content[j]``, ``input[i].output[j]``)."""
     for index, item in enumerate(items):
         parts: object
         if isinstance(item, FunctionCallOutputParam | CustomToolCallOutputParam):
@@ -83,8 +85,11 @@ def _image_parts(items: list[object]) -> Iterator[tuple[str, InputImageParam]]:
             parts, where = getattr(item, "content", None), f"input[{index}].content"
         if isinstance(parts, list):
             for number, part in enumerate(parts):
-                if isinstance(part, InputImageParam):
-                    yield f"{where}[{number}]", part
+                yield f"{where}[{number}]", part
+
+
+def _image_parts(items: list[object]) -> Iterator[tuple[str, InputImageParam]]:
+    return ((where, part) for where, part in input_parts(items) if isinstance(part, InputImageParam))
 
 
 def _data_images(parts: Iterable[tuple[str, InputImageParam]]) -> Iterator[_DataImage]:

@@ -128,19 +128,24 @@ def test_warm_ups_on_streams_carry_their_stream_id(sock: MuxSocket) -> None:
     assert all(event["stream_id"] == "a" for event in turns["a"].events)
 
 
+def counted_tokens(server: LiveServer, body: dict[str, Any]) -> int:
+    """The prompt tokens of ``body`` on its model, as the server counts them."""
+    client = Client(server.url)
+    try:
+        counted = client.http.post("/v1/responses/input_tokens", json=body)
+        assert counted.status_code == 200, counted.text
+        return int(counted.json()["input_tokens"])
+    finally:
+        client.close()
+
+
 def test_a_warm_up_fills_the_embedded_models_prompt_cache(server: LiveServer) -> None:
     """The prompt of a warm-up is evaluated into llama-server's cache while the client
     gets its answer; the next turn finds all of it cached. The instructions open with a
     word never seen before, so nothing else could have cached this prefix."""
     instructions = f"Session {uuid.uuid4().hex}. " + "Answer in one short sentence and never use a list. " * 25
     warm_body = {"model": SMOL, "instructions": instructions, "tools": TOOLS, "input": "Say hello.", "store": False}
-    client = Client(server.url)
-    try:
-        counted = client.http.post("/v1/responses/input_tokens", json=warm_body)
-        assert counted.status_code == 200, counted.text
-        prompt_tokens = counted.json()["input_tokens"]
-    finally:
-        client.close()
+    prompt_tokens = counted_tokens(server, warm_body)
     sock = MuxSocket(ws_url(server))
     try:
         warm = warm_up(sock, **warm_body)
@@ -166,13 +171,7 @@ def test_a_warm_up_holds_for_a_turn_that_brings_more_system_messages(server: Liv
     developer = f"Session {uuid.uuid4().hex}. " + "Answer in one short sentence and never use a list. " * 25
     warm_input = [{"type": "message", "role": "developer", "content": developer}]
     warm_body = {"model": SMOL, "tools": TOOLS, "input": warm_input, "store": False}
-    client = Client(server.url)
-    try:
-        counted = client.http.post("/v1/responses/input_tokens", json=warm_body)
-        assert counted.status_code == 200, counted.text
-        prompt_tokens = counted.json()["input_tokens"]
-    finally:
-        client.close()
+    prompt_tokens = counted_tokens(server, warm_body)
     sock = MuxSocket(ws_url(server))
     try:
         warm = warm_up(sock, **warm_body)

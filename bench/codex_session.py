@@ -64,7 +64,8 @@ from app.backends.vocabulary import Vocabulary
 from app.config import Settings
 from app.main import create_app, default_backends
 from bench.codex_turns import TERMINAL_TYPES, Turn, model_turns, output_budget
-from bench.embedded import RESULTS, _ors_server
+from bench.embedded import _ors_server
+from bench.report_files import RESULTS, write_report
 from tests.asgi_tap import Connection, Tap
 from tests.live import LiveServer
 from tests.recording import RecordingBackend
@@ -377,10 +378,7 @@ async def run(model: str, max_turns: int, minutes: float, replayed: Path | None)
     print(HEADER)
     rows = await replay(model, work, models, recorded)
     report = _report(model, rows)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (RESULTS / f"codex-{stamp}.json").write_text(json.dumps(report, indent=2))
-    _plot(report, RESULTS / f"codex-{stamp}.png")
-    print(f"wrote {RESULTS / f'codex-{stamp}.json'} and .png")
+    write_report(RESULTS, "codex", report, lambda path: _plot(report, path))
     return report
 
 

@@ -50,9 +50,9 @@ from app.backends.model_files import LOCAL_MODELS, ModelFiles
 from app.backends.vocabulary import Vocabulary
 from app.config import Settings
 from bench.procfs import children_named, cpu_seconds, rss_mib
+from bench.report_files import RESULTS, write_report
 from tests.live import ServerProcess
 
-RESULTS = Path(__file__).parent / "results"
 QUESTION = "Write a very long essay about the history of Rome, at least 5000 words."
 """Long answers under greedy decoding, so every stream runs to its token budget."""
 
@@ -470,10 +470,7 @@ async def run(model: str, prefix_tokens: int, decode_tokens: int, stall_tokens: 
     await _ors(figures, ors, instructions, stall_prompt, data_dir)
     vocabulary.close()
     report = _report(figures)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (RESULTS / f"embedded-{stamp}.json").write_text(json.dumps(report, indent=2))
-    _plot(report, RESULTS / f"embedded-{stamp}.png")
-    print(f"wrote {RESULTS / f'embedded-{stamp}.json'} and .png")
+    write_report(RESULTS, "embedded", report, lambda path: _plot(report, path))
     return report
 
 

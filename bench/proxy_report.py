@@ -16,15 +16,13 @@ processes) are reported beside them, held to no target.
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 from bench.proxy_load import Samples
+from bench.report_files import RESULTS, write_report
 
-RESULTS = Path(__file__).parent / "results"
 PATHS = {"stored": "stored", "unstored": "store:false"}
 FLOOR = "floor"
 ADDED_P50_MS = {"stored": 4.0, "unstored": 3.0}
@@ -287,12 +285,7 @@ def write(report: dict[str, Any]) -> Path:
     """Print the report and write it under ``bench/results/``: ``proxy-<time>.json`` and
     ``.png``. Returns their common path without suffix."""
     _print(report)
-    RESULTS.mkdir(exist_ok=True)
-    stem = RESULTS / time.strftime("proxy-%Y%m%d-%H%M%S")
-    stem.with_suffix(".json").write_text(json.dumps(_clean(report), indent=1))
-    _plot(report, stem.with_suffix(".png"))
-    print(f"wrote {stem}.json and .png")
-    return stem
+    return write_report(RESULTS, "proxy", _clean(report), lambda path: _plot(report, path), indent=1)
 
 
 def _clean(value: Any) -> Any:

@@ -74,6 +74,21 @@ class Settings(BaseSettings):
     """Seconds a running embedded model's llama-server may answer nothing (a stuck loop, a
     stopped process) before it is killed and started again; its streams then end with
     ``response.failed``. ``0``: never."""
+    model_memory_mib: int | None = Field(default=None, ge=1)
+    """Memory (MiB) the loaded embedded models may take together, each estimated from its
+    file's size and the KV cache of its window at its KV type (``/metrics``:
+    ``ors_model_memory_mib``). Loading one more first unloads the least recently used idle
+    models; if those in use hold too much, the request is 503 ``model_unavailable`` with
+    ``Retry-After``. Unset: no bound."""
+    model_idle_seconds: float = Field(default=0, ge=0)
+    """Seconds an embedded model may go unused before it is unloaded (its prompt cache
+    saved; the next request loads it again and waits for that). ``0``: never."""
+    models_dir: Path | None = None
+    """A folder of GGUF files served by the embedded engine beside the built-in models:
+    each ``*.gguf`` under its file's stem, each subfolder (a model with its shards and
+    ``mmproj*`` projector) under the folder's name, as llama.cpp's router reads
+    ``--models-dir``. ``[models.ID]`` entries of ``ORS_CONFIG`` add files with their
+    settings (see Models in the README). Unset: the built-in models only."""
     llama_server: str | None = None
     """Path of the llama-server executable that runs the embedded models; unset means the
     one ``make install`` built into ``.venv/bin``."""

@@ -116,6 +116,14 @@ class ModelNotFound(NotFound):
     default_code = "model_not_found"
 
 
+class Conflict(ORSError):
+    """The request is fine, but what it names is in a state that refuses it now (a model
+    unloaded while it serves): 409."""
+
+    status = 409
+    type = "invalid_request"
+
+
 class TooManyRequests(ORSError):
     status = 429
     type = "too_many_requests"

@@ -8,7 +8,7 @@ import gc
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from app.engine.live import LiveRuns
 from app.engine.models import ModelRouter, Route
 from app.engine.sealing import Sealer
 from app.metrics import Metrics
+from app.models_config import OperatorModels, operator_models
 from app.store.factory import open_store, open_when_reachable
 from app.store.retention import Retention
 from app.transport.auth import KeyAuthenticator
@@ -72,16 +73,18 @@ def worker_app() -> FastAPI:
     return app
 
 
-def default_backends(settings: Settings) -> list[Backend]:
-    """The embedded models (upstreams are routes: :func:`upstream_routes`)."""
+def default_backends(settings: Settings, operators: OperatorModels | None = None) -> list[Backend]:
+    """The embedded models, built-in and the ``operators``' (upstreams are routes:
+    :func:`upstream_routes`)."""
     from app.backends.local import LocalBackend
 
+    extra = operators.specs if operators is not None else {}
     return [
         LocalBackend(
             cache_dir=settings.data_dir,
             n_threads=settings.model_threads,
             n_ctx=settings.model_context,
-            preload=_preload(settings),
+            preload=_preload(settings, extra),
             parallel=settings.model_parallel,
             queue=settings.model_queue,
             cache_ram_mib=settings.model_cache_ram_mib,
@@ -90,6 +93,9 @@ def default_backends(settings: Settings) -> list[Backend]:
             temperature=settings.model_temperature,
             server_binary=settings.llama_server,
             hang_seconds=settings.model_hang_seconds,
+            extra_models=extra,
+            memory_mib=settings.model_memory_mib,
+            idle_seconds=settings.model_idle_seconds,
         )
     ]
 
@@ -136,11 +142,11 @@ def upstream_backend(spec: UpstreamSpec, pool: Pool = Pool()) -> Backend:
                                   model_input_modalities=spec.model_input_modalities, **options)
 
 
-def _preload(settings: Settings) -> list[str]:
+def _preload(settings: Settings, extra: Mapping[str, object]) -> list[str]:
     from app.backends.model_files import LOCAL_MODELS
 
     wanted = [settings.default_model, *settings.preload_models]
-    return [model for model in dict.fromkeys(wanted) if model in LOCAL_MODELS]
+    return [model for model in dict.fromkeys(wanted) if model in LOCAL_MODELS or model in extra]
 
 
 def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None) -> FastAPI:
@@ -148,11 +154,14 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     add the scripted backend); the upstreams of the settings are routed beside them. All
     are started and closed with the app, and so is the response store. A configuration
     that cannot be used (the upstreams file, a key entry) raises ``ValueError``."""
-    own = list(backends) if backends is not None else default_backends(settings)
+    operators = OperatorModels()
+    if backends is None and (settings.models_dir is not None or settings.config is not None):
+        operators = operator_models(settings.models_dir, settings.config)
+    own = list(backends) if backends is not None else default_backends(settings, operators)
     routes = upstream_routes(settings)
     chosen = [*own, *(route.backend for route in routes)]
     authenticator = KeyAuthenticator([key.get_secret_value() for key in settings.api_keys])
-    router = ModelRouter(own, settings.default_model, settings.model_aliases, routes)
+    router = ModelRouter(own, settings.default_model, {**operators.aliases, **settings.model_aliases}, routes)
     metrics = Metrics(lambda: [g for backend in chosen for g in backend.gauges()], named=router.names)
     # made here, opened (connected, migrated) by the lifespan
     store = open_store(settings.database_url, settings.data_dir, instance_id=uuid.uuid4().hex,

@@ -89,6 +89,7 @@ class ModelGauges(Protocol):
     waiting: int
     up: bool
     restarts: int
+    memory_mib: int
 
 
 class _Backends(Collector):
@@ -103,13 +104,17 @@ class _Backends(Collector):
                                "again after an exit.", labels=["model"])
         restarts = CounterMetricFamily("ors_model_restarts", "Times an embedded model's server exited on its "
                                        "own and was started again.", labels=["model"])
+        memory = GaugeMetricFamily("ors_model_memory_mib", "What a loaded embedded model is estimated to take "
+                                   "(its weights and KV cache), counted against ORS_MODEL_MEMORY_MIB.",
+                                   labels=["model"])
         for gauges in self.sources():
+            memory.add_metric([gauges.model], gauges.memory_mib)
             slots.add_metric([gauges.model], gauges.slots)
             busy.add_metric([gauges.model], gauges.slots_busy)
             waiting.add_metric([gauges.model], gauges.waiting)
             up.add_metric([gauges.model], 1 if gauges.up else 0)
             restarts.add_metric([gauges.model], gauges.restarts)
-        yield from (slots, busy, waiting, up, restarts)
+        yield from (slots, busy, waiting, up, restarts, memory)
 
 
 def _multiprocess() -> bool:

@@ -141,6 +141,8 @@ def _modalities(value: list[InputModality]) -> list[InputModality]:
 
 class UpstreamsFile(_Strict):
     upstreams: dict[str, UpstreamEntry] = Field(default_factory=dict)
+    models: dict[str, Any] = Field(default_factory=dict)
+    """The operator's models, read by :mod:`app.models_config`."""
 
 
 @dataclass(frozen=True)

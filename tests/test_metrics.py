@@ -144,7 +144,7 @@ def test_each_app_counts_in_its_own_registry() -> None:
 def test_the_backends_gauges_are_asked_at_each_scrape() -> None:
     from types import SimpleNamespace
 
-    gauges = SimpleNamespace(model="local", slots=4, slots_busy=1, waiting=2, up=True, restarts=0)
+    gauges = SimpleNamespace(model="local", slots=4, slots_busy=1, waiting=2, up=True, restarts=0, memory_mib=300)
     metrics = Metrics(lambda: [gauges])
     seen = _samples(metrics.exposition().decode())
     gauges.slots_busy, gauges.up, gauges.restarts = 3, False, 1
@@ -152,5 +152,6 @@ def test_the_backends_gauges_are_asked_at_each_scrape() -> None:
     model = (("model", "local"),)
     assert (seen[("ors_model_slots", model)], seen[("ors_model_slots_busy", model)],
             seen[("ors_model_queue_depth", model)], seen[("ors_model_up", model)]) == (4, 1, 2, 1)
+    assert seen[("ors_model_memory_mib", model)] == 300
     assert (later[("ors_model_slots_busy", model)], later[("ors_model_up", model)],
             later[("ors_model_restarts_total", model)]) == (3, 0, 1)

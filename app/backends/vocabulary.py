@@ -101,14 +101,23 @@ class Vocabulary:
         self.spec = spec
         self.llm = _load_vocabulary(path)
         self._vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
-        template = self.llm.metadata.get("tokenizer.chat_template")
+        template = spec.chat_template or self.llm.metadata.get("tokenizer.chat_template")
         if not template:
-            raise ModelError(f"The model '{spec.id}' has no chat template in its GGUF file")
-        self.template = ChatTemplate(
-            template,
-            bos_token=self._special_text(self.llm.token_bos()),
-            eos_token=self._special_text(self.llm.token_eos()),
-        )
+            self.llm.close()
+            raise ModelError(f"The model '{spec.id}' has no chat template in {path.name}: give it one "
+                             f"(chat_template in its [models.{spec.id}] entry)")
+        try:
+            self.template = ChatTemplate(
+                template,
+                bos_token=self._special_text(self.llm.token_bos()),
+                eos_token=self._special_text(self.llm.token_eos()),
+            )
+            self.template.render([ChatMessage(role="system", content="A"), ChatMessage(role="user", content="B")])
+        except Exception as exc:  # any error of a template's Jinja, at parse or at render
+            self.llm.close()
+            source = "its entry" if spec.chat_template else path.name
+            raise ModelError(f"The chat template of model '{spec.id}' ({source}) does not render a conversation: "
+                             f"{exc}") from None
         self.call_shape = call_shape(spec.template_renders_tools, self._tag_tokens())
         self._control_texts = self._control_token_texts()
 

@@ -1,13 +1,16 @@
-"""Liveness (``/healthz``), readiness (``/readyz``) and the model list (``/v1/models``)."""
+"""Liveness (``/healthz``), readiness (``/readyz``), the model list (``/v1/models``), and
+an operator's ``POST /v1/models/{id}/load`` and ``/unload`` of an embedded model."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from app.backends.base import ModelInfo
 from app.engine.codex_catalog import check_client_version, codex_catalog
 from app.engine.engine import Engine
 from app.errors import StoreUnavailable
@@ -67,11 +70,25 @@ async def list_models(engine: EngineDep, _: TenantDep, client_version: str | Non
     if client_version is not None:
         check_client_version(client_version)
         return codex_catalog(await engine.router.available_models(), engine.router.default_model)
-    return {
-        "object": "list",
-        "data": [
-            {"id": info.id, "object": "model", "created": 0, "owned_by": info.owned_by,
-             "context_window": info.context_window}
-            for info in await engine.router.available_models()
-        ],
-    }
+    return {"object": "list", "data": [model_object(info) for info in await engine.router.available_models()]}
+
+
+@router.post("/v1/models/{model_id}/load")
+async def load_model(model_id: str, engine: EngineDep, _: TenantDep) -> dict[str, Any]:
+    """Load an embedded model now (as its first request would); the model as listed."""
+    name, backend = engine.router.resolve(model_id)
+    return model_object(replace(await backend.load(name), id=model_id))
+
+
+@router.post("/v1/models/{model_id}/unload")
+async def unload_model(model_id: str, engine: EngineDep, _: TenantDep) -> dict[str, Any]:
+    """Unload an embedded model now (its prompt cache saved); 409 while it serves."""
+    name, backend = engine.router.resolve(model_id)
+    return model_object(replace(await backend.unload(name), id=model_id))
+
+
+def model_object(info: ModelInfo) -> dict[str, Any]:
+    """A model as ``/v1/models`` lists it: OpenAI's shape, with its window and, for an
+    embedded model, its ``status`` (``unloaded``, ``loading``, ``loaded``, ``error``)."""
+    return {"id": info.id, "object": "model", "created": 0, "owned_by": info.owned_by,
+            "context_window": info.context_window, **({"status": info.status} if info.status else {})}

@@ -347,7 +347,7 @@ async def test_qwen_auto_call_opened_with_its_tag_is_held_to_the_schema(
     with the tag, which is what the grammar waits for.)"""
     from app.backends import local
 
-    tag = (await qwen._loaded(qwen._entry(QWEN))).vocabulary.call_shape.trigger
+    tag = (await qwen._residency.loaded(qwen._entry(QWEN))).vocabulary.call_shape.trigger
     body = local.completion_body
     monkeypatch.setattr(local, "completion_body", lambda *args: {**body(*args), "logit_bias": [[tag, 30.0]]})
     raw = record_raw_text(monkeypatch)

@@ -8,8 +8,9 @@
 #                   not slow: about two minutes on two cores.
 #   make test       lint, then the whole suite (what CI runs): needs PostgreSQL on
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
-#                   ORS_TEST_REDIS_URL name others), builds llama-server once, and installs
-#                   the pinned Codex CLI with npm (Node.js 20).
+#                   ORS_TEST_REDIS_URL name others), builds llama-server once, installs
+#                   the pinned Codex CLI with npm (Node.js 20) and llama.cpp's templates of
+#                   model families (scripts/llama-templates.sh).
 # Tests are marked by what they need (`postgres`, `redis`, `model`, `codex`; see tests/conftest.py),
 # and `slow` where they take minutes anyway; any other selection runs with, for example,
 # `.venv/bin/python -m pytest -m "not model"`.
@@ -22,6 +23,9 @@ STAMP  := $(VENV)/.ors-installed
 # built from the llama.cpp sources of the llama-cpp-python release pinned in pyproject.toml.
 LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml | head -n 1)
 LLAMA_SERVER := $(BIN)/llama-server
+# Model families' chat templates from the same llama.cpp sources, for the tests of each
+# family's tool calls and reasoning (see scripts/llama-templates.sh).
+LLAMA_TEMPLATES := $(VENV)/share/llama.cpp/templates/.complete
 CODEX  := node_modules/.bin/codex
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
@@ -63,10 +67,13 @@ $(CODEX): package.json package-lock.json
 $(LLAMA_SERVER): scripts/build-llama-server.sh $(wildcard scripts/patches/*.patch) pyproject.toml | $(STAMP)
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh $(LLAMA_CPP_VERSION) $@
 
+$(LLAMA_TEMPLATES): scripts/llama-templates.sh pyproject.toml | $(STAMP)
+	PYTHON=$(BIN)/python scripts/llama-templates.sh $(LLAMA_CPP_VERSION) $(dir $@)
+
 serve: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/ors serve --host $(HOST) --port $(PORT)
 
-test: lint $(LLAMA_SERVER) $(CODEX)
+test: lint $(LLAMA_SERVER) $(LLAMA_TEMPLATES) $(CODEX)
 	$(BIN)/python -m pytest
 
 test-fast: lint

@@ -27,6 +27,7 @@ files anywhere, with what a file cannot say::
     aliases = ["llama"]
     temperature = 0.6        # and top_p, top_k, min_p, repeat_penalty: its default sampling
     max_output_tokens = 2048 # an answer's length when a request sets none
+    chat_parser = "auto"     # or "llama.cpp", "ors": who reads its calls (chat_parser())
 
 An entry may name a file of the folder: the model is then served under both ids, each
 with its own settings (and, once loaded, its own server), and the entry takes the
@@ -90,6 +91,7 @@ class ModelEntry(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repeat_penalty: float | None = Field(default=None, gt=0)
     max_output_tokens: int | None = Field(default=None, ge=1)
+    chat_parser: Literal["auto", "llama.cpp", "ors"] = "auto"
 
 
 class ModelsFile(BaseModel):
@@ -194,8 +196,22 @@ def disk_model(model: str, path: Path, projector: Path | None = None, entry: Mod
         chat_template=template if template != facts.chat_template else None,
         parallel=entry.parallel,
         kv_type=entry.kv_type,
+        chat_parser=chat_parser(entry.chat_parser, template),
         context_configured=entry.context is not None,
     )
+
+
+def chat_parser(choice: Literal["auto", "llama.cpp", "ors"], template: str | None) -> Literal["ors", "llama.cpp"]:
+    """Who renders a model's chats and reads its calls and reasoning. ``auto``: this
+    server for a template whose calls are Hermes's ``<tool_call>`` JSON without
+    ``<think>`` reasoning (Qwen2.5, Hermes: the built-in models' form, with their
+    grammars; llama.cpp's server forces no call of that form when one is required), and
+    llama.cpp's server for every other (Llama 3.x JSON calls, Qwen3's XML calls, Mistral's
+    ``[TOOL_CALLS]``, ``<think>`` reasoning), whose parsers know each family."""
+    if choice != "auto":
+        return choice
+    hermes = template is not None and "<tool_call>" in template
+    return "ors" if hermes and "<function=" not in template and "<think>" not in template else "llama.cpp"
 
 
 def _entry_models(config: Path, folder: dict[str, ModelSpec]) -> list[tuple[ModelSpec, list[str]]]:

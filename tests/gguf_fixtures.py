@@ -11,6 +11,20 @@ import numpy as np
 from gguf import GGUFWriter
 
 
+def with_template(source: Path, path: Path, template: str) -> Path:
+    """A copy of the GGUF at ``source`` (a real model) at ``path``, with ``template`` as its
+    chat template: its weights and vocabulary, another family's chat format."""
+    from gguf import GGUFReader, GGUFValueType
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = GGUFReader(source)
+    architecture = reader.get_field("general.architecture").contents()  # type: ignore[union-attr]
+    writer = GGUFWriter(str(path), architecture, endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {"tokenizer.chat_template": MetadataDetails(GGUFValueType.STRING, template)},
+                           [])
+    return path
+
+
 def write_gguf(path: Path, architecture: str = "llama", *, context: int | None = 2048,
                template: str | None = "{% for m in messages %}{{ m.content }}{% endfor %}",
                shards: int | None = None, projector: bool = False) -> Path:

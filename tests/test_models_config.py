@@ -14,7 +14,7 @@ import pytest
 from app.backends.gguf_files import read_facts, shard_paths
 from app.backends.model_files import DiskFile, ModelSpec
 from app.errors import ModelError
-from app.models_config import MAX_DEFAULT_WINDOW, ModelsConfigError, folder_models, operator_models
+from app.models_config import MAX_DEFAULT_WINDOW, ModelsConfigError, chat_parser, folder_models, operator_models
 from tests.gguf_fixtures import write_gguf
 
 
@@ -176,3 +176,13 @@ def test_ors_serve_exits_2_on_a_wrong_entry(tmp_path: Path) -> None:
                                             "PATH": "/usr/bin:/bin"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "models.a.path" in done.stderr
+
+
+def test_who_reads_a_models_calls() -> None:
+    hermes = "{{ '<tool_call>' }}{\"name\": ...}{{ '</tool_call>' }}"
+    assert chat_parser("auto", hermes) == "ors", "Hermes/Qwen2.5 calls: this server's own parser and grammars"
+    assert chat_parser("auto", hermes + "<think>") == "llama.cpp", "reasoning: llama.cpp's parsers"
+    assert chat_parser("auto", hermes + "<function=") == "llama.cpp", "Qwen3's XML calls"
+    assert chat_parser("auto", "<|start_header_id|>{{ tools }}") == "llama.cpp"
+    assert chat_parser("auto", None) == "llama.cpp"
+    assert chat_parser("ors", "<|start_header_id|>") == "ors", "an entry's choice stands"

@@ -111,6 +111,10 @@ class ChatDialect:
     file_parts: bool = False
     """Send a file as a ``file`` content part (OpenAI's); off, as its text or a marker
     (most other servers refuse the part)."""
+    named_tool_choice: bool = True
+    """Name the function a required call must be (``{"type": "function", …}``); off, a
+    required call is ``"required"`` among only the tools it may be (llama.cpp's own
+    server reads ``tool_choice`` as a string alone, and takes an object for ``auto``)."""
 
 
 class ChatCompletionsBackend(HttpUpstream):
@@ -133,6 +137,7 @@ class ChatCompletionsBackend(HttpUpstream):
         schema_style: SchemaStyle = ChatDialect.schema_style,
         replay_reasoning: bool = ChatDialect.replay_reasoning,
         file_parts: bool = ChatDialect.file_parts,
+        named_tool_choice: bool = ChatDialect.named_tool_choice,
         owned_by: str = "upstream",
         pool: Pool = Pool(),
         tls: TlsFiles | None = None,
@@ -148,6 +153,7 @@ class ChatCompletionsBackend(HttpUpstream):
         self.token_limit_field: TokenLimitField = token_limit_field
         self.schema_style: SchemaStyle = schema_style
         self.replay_reasoning = replay_reasoning
+        self.named_tool_choice = named_tool_choice
 
     # -- generation --------------------------------------------------------------------------
 
@@ -194,8 +200,11 @@ class ChatCompletionsBackend(HttpUpstream):
             # Every tool stays visible (a stable prompt prefix); ``allowed`` is enforced downstream.
             # Tools a search loaded come last, so the list before them stays the same.
             tools = (*request.tools, *request.late_tools) if request.late_tools else request.tools
+            policy = request.tool_policy
+            if not self.named_tool_choice and policy.mode == "required" and policy.allowed is not None:
+                tools = tuple(tool for tool in tools if tool.name in policy.allowed)  # "required" among these
             body["tools"] = [_tool(spec) for spec in tools]
-            choice = _tool_choice(request.tool_policy, tools)
+            choice = _tool_choice(policy, tools, named=self.named_tool_choice)
             if choice is not None:
                 body["tool_choice"] = choice
             if not request.tool_policy.parallel:
@@ -279,16 +288,17 @@ def _tool(spec: ToolSpec) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = ()) -> str | dict[str, Any] | None:
+def _tool_choice(policy: ToolPolicy, tools: Sequence[ToolSpec] = (), *,
+                 named: bool = True) -> str | dict[str, Any] | None:
     """``None`` for plain ``auto``: every server defaults to it, and some reject it spelled out.
-    ``required`` with a single candidate is sent as that named function, which more
-    servers enforce (llama.cpp's server constrains a named call with a grammar but treats
-    ``required`` as a hint)."""
+    ``required`` with a single candidate is sent as that named function (unless not
+    ``named``), which more servers enforce (llama-cpp-python's server constrains a named
+    call with a grammar but treats ``required`` as a hint)."""
     if policy.mode == "none":
         return "none"
     if policy.mode == "required":
         candidates = policy.allowed if policy.allowed is not None else tuple(tool.name for tool in tools)
-        if len(candidates) == 1:
+        if len(candidates) == 1 and named:
             return {"type": "function", "function": {"name": wire_name(candidates[0])}}
         return "required"
     return None

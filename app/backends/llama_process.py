@@ -89,6 +89,16 @@ class ServerOptions:
     """Prompt tokens per chunk, interleaved with the other slots' decoding (both
     ``--batch-size`` and ``--ubatch-size``: a larger logical batch would still hold the
     running streams for all of it)."""
+    chat: bool = False
+    """Whether the server renders and reads chats itself (its ``/v1/chat/completions``:
+    the model's Jinja template, and llama.cpp's parsers of each model family's tool calls
+    and ``<think>`` reasoning, returned as ``reasoning_content``); otherwise prompts
+    arrive rendered, as token ids, and its Jinja engine is off."""
+    chat_template_file: Path | None = None
+    """A template that replaces the GGUF's own (chat mode)."""
+    defaults: tuple[str, ...] = ()
+    """Flags of the model's default sampling and answer length (chat mode: a request that
+    sets none gets them from the server)."""
 
     def arguments(self, binary: Path, port: int) -> list[str]:
         return [
@@ -111,8 +121,12 @@ class ServerOptions:
             "--no-webui",
             "--no-warmup",  # an empty run at start: seconds per start, nothing for the first request
             "--metrics",
-            "--no-jinja",  # prompts arrive rendered, as token ids
+            *(self._chat_arguments() if self.chat else ["--no-jinja"]),  # else prompts arrive as token ids
         ]
+
+    def _chat_arguments(self) -> list[str]:
+        template = ["--chat-template-file", str(self.chat_template_file)] if self.chat_template_file else []
+        return ["--jinja", "--reasoning-format", "deepseek", *template, *self.defaults]
 
 
 class Child:

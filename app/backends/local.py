@@ -264,6 +264,9 @@ class LocalBackend(Backend):
         """Schemas that cannot become a grammar are refused before the response starts,
         and so is a request that would find the model's queue full (429)."""
         async with self._residency.lease(self._entry(request.model)) as loaded:
+            if loaded.chat is not None:  # its server makes the grammars, and refuses what it cannot
+                loaded.slots.check()
+                return
             plan = await self._planned(request, loaded)
             if plan.grammar is not None and not await asyncio.to_thread(loaded.vocabulary.accepts_grammar,
                                                                         plan.grammar):
@@ -278,8 +281,8 @@ class LocalBackend(Backend):
         (:mod:`app.backends.warm_ups`); the next generation that begins with it waits
         for it, then finds it cached."""
         entry = self._entries.get(request.model)
-        if entry is None or not request.messages:
-            return
+        if entry is None or not request.messages or entry.spec.chat_parser != "ors":
+            return  # a server that renders its own chats caches what it rendered
 
         async def prompt() -> list[int]:
             async with self._residency.lease(entry) as loaded:
@@ -305,10 +308,23 @@ class LocalBackend(Backend):
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         entry = self._entry(request.model)
-        async with (self._residency.lease(entry) as loaded,
-                    contextlib.aclosing(self._generate(request, entry, loaded)) as deltas):
-            async for delta in deltas:
-                yield delta
+        async with self._residency.lease(entry) as loaded:
+            generation = self._chat(request, loaded) if loaded.chat is not None else self._generate(request, entry,
+                                                                                                  loaded)
+            async with contextlib.aclosing(generation) as deltas:
+                async for delta in deltas:
+                    yield delta
+
+    async def _chat(self, request: GenerationRequest, loaded: LocalModel) -> AsyncGenerator[Delta, None]:
+        """A generation by the model's server's own chat endpoint: its template, its
+        parsers of the model family's calls and reasoning (``ModelSpec.chat_parser``)."""
+        slot = await loaded.slots.acquire()
+        try:
+            async with contextlib.aclosing(loaded.chat_endpoint().stream(request)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            loaded.slots.release(slot)
 
     async def _generate(self, request: GenerationRequest, entry: ServedModel,
                         loaded: LocalModel) -> AsyncGenerator[Delta, None]:
@@ -352,6 +368,16 @@ class LocalBackend(Backend):
             return await asyncio.to_thread(make_plan, request, model.spec, model.vocabulary)
         return make_plan(request, model.spec, model.vocabulary)
 
+    def _template_file(self, spec: ModelSpec) -> Path | None:
+        """The file of a chat template that replaces the GGUF's own, for a server that
+        renders its chats (written afresh at each load)."""
+        if spec.chat_template is None or spec.chat_parser != "llama.cpp":
+            return None
+        path = self._data_dir / "templates" / f"{spec.id}.jinja"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec.chat_template, encoding="utf-8")
+        return path
+
     async def _load(self, entry: ServedModel) -> LocalModel:
         spec = entry.spec
         operators = isinstance(spec.source, DiskFile)
@@ -376,6 +402,7 @@ class LocalBackend(Backend):
         except BaseException:
             vocabulary.close()
             raise
+        template_file = await asyncio.to_thread(self._template_file, spec)
         options = ServerOptions(
             model_path=path,
             context=self.context_window(spec.id),
@@ -385,6 +412,9 @@ class LocalBackend(Backend):
             slot_dir=self._data_dir / "kv" / spec.id,
             kv_type=kv_type,
             batch=self._chunk,
+            chat=spec.chat_parser == "llama.cpp",
+            chat_template_file=template_file,
+            defaults=default_flags(spec) if spec.chat_parser == "llama.cpp" else (),
         )
         server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log",
                              hang_seconds=self._hang_seconds)
@@ -397,6 +427,16 @@ class LocalBackend(Backend):
         await model.restore()
         server.on_restart = model.restore  # a server started again after an exit gets them back too
         return model
+
+
+def default_flags(spec: ModelSpec) -> tuple[str, ...]:
+    """llama-server's flags of ``spec``'s default sampling and answer length."""
+    sampling = spec.sampling
+    flags = ["--temp", str(sampling.temperature), "--top-p", str(sampling.top_p), "--top-k", str(sampling.top_k),
+             "--min-p", str(sampling.min_p), "--repeat-penalty", str(sampling.repeat_penalty)]
+    if spec.default_max_output_tokens is not None:
+        flags += ["--n-predict", str(spec.default_max_output_tokens)]
+    return tuple(flags)
 
 
 def _available_cpus() -> int:

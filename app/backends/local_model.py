@@ -9,6 +9,8 @@ import logging
 import time
 from enum import Enum
 
+from app.backends.chat_completions import ChatCompletionsBackend
+from app.backends.http_client import Timeouts
 from app.backends.llama_server import LlamaServer
 from app.backends.model_files import ModelSpec
 from app.backends.slots import SlotPool
@@ -28,8 +30,15 @@ class ModelStatus(Enum):
     """Its file cannot be served, or its last load failed (the next request tries again)."""
 
 
+CHAT_READ_SECONDS = 3600.0
+"""How long the chat endpoint of a model's own llama-server may stay silent: a long prompt
+evaluates for minutes before the first chunk (a stuck server is found by its supervisor)."""
+
+
 class LocalModel:
-    """A loaded model: its vocabulary here, its llama-server there, and its slots."""
+    """A loaded model: its vocabulary here, its llama-server there, and its slots; for a
+    model whose server reads its chats (``ModelSpec.chat_parser``), the Chat Completions
+    adapter that speaks to that server's chat endpoint."""
 
     def __init__(self, spec: ModelSpec, vocabulary: Vocabulary, server: LlamaServer, slots: SlotPool) -> None:
         self.spec = spec
@@ -37,6 +46,18 @@ class LocalModel:
         self.server = server
         self.slots = slots
         self.context_window = server.options.context
+        self.chat: ChatCompletionsBackend | None = None
+        if server.options.chat:
+            self.chat = ChatCompletionsBackend(server.base_url + "/v1", headers=server.headers, owned_by="ors",
+                                               timeout=Timeouts(read=CHAT_READ_SECONDS), named_tool_choice=False,
+                                               replay_reasoning=True, input_modalities=("text",))
+
+    def chat_endpoint(self) -> ChatCompletionsBackend:
+        """The adapter to this model's chat endpoint, at the server's current port (a
+        server started again after an exit listens on another)."""
+        assert self.chat is not None, "a model whose prompts are rendered here has no chat endpoint"
+        self.chat.base_url = self.server.base_url + "/v1"
+        return self.chat
 
     async def save(self) -> None:
         """Save every slot that holds something (``slot-<i>.bin``); a file of a slot that
@@ -59,6 +80,8 @@ class LocalModel:
             if self.server.running:
                 await self.save()
         await self.server.stop()
+        if self.chat is not None:
+            await self.chat.aclose()
         self.vocabulary.close()
 
 

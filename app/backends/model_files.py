@@ -33,6 +33,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 from app.errors import ModelError
 
@@ -119,6 +120,11 @@ class ModelSpec:
     """Its slots, where it needs other than the server's ``ORS_MODEL_PARALLEL``."""
     kv_type: str | None = None
     """Its KV cache's type, where it needs other than ``ORS_MODEL_KV_TYPE``."""
+    chat_parser: Literal["ors", "llama.cpp"] = "ors"
+    """Who renders the conversation and reads the model's calls and reasoning: ``ors``
+    (the prompt rendered and tokenized here, calls in the Hermes/Qwen form: the built-in
+    models) or ``llama.cpp`` (its server's chat endpoint, whose parsers know each model
+    family's own format: the operator's models, unless their entry says otherwise)."""
     problem: str | None = None
     """Why the model cannot load, found at start (a file that is no GGUF, cut short): it
     is listed with that error, and a request for it is 503 ``model_unavailable``."""

@@ -357,6 +357,24 @@ def test_tool_choice_follows_the_policy(policy: ToolPolicy, expected: Any) -> No
     assert len(body["tools"]) == 2  # every tool stays visible whatever is allowed
 
 
+@pytest.mark.parametrize(
+    ("policy", "expected", "sent"),
+    [
+        (ToolPolicy(mode="required", allowed=("now",)), "required", ["now"]),
+        (ToolPolicy(mode="required", allowed=("get_weather", "now")), "required", ["get_weather", "now"]),
+        (ToolPolicy(mode="required"), "required", ["get_weather", "now"]),
+        (ToolPolicy(mode="auto", allowed=("now",)), None, ["get_weather", "now"]),
+    ],
+)
+def test_without_named_tool_choice_a_required_call_is_among_the_tools_it_may_be(
+        policy: ToolPolicy, expected: Any, sent: list[str]) -> None:
+    """llama.cpp's own server reads ``tool_choice`` as a string alone."""
+    chat = ChatCompletionsBackend("http://127.0.0.1:1/v1", named_tool_choice=False)
+    body = chat.payload(ask("m", tools=(WEATHER, ToolSpec(name="now")), tool_policy=policy))
+    assert body.get("tool_choice") == expected
+    assert [tool["function"]["name"] for tool in body["tools"]] == sent
+
+
 def test_no_tools_means_no_tool_settings() -> None:
     chat = ChatCompletionsBackend("http://127.0.0.1:1/v1")
     body = chat.payload(ask("m", tool_policy=ToolPolicy(mode="none", parallel=False)))

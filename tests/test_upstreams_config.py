@@ -97,7 +97,7 @@ def test_the_file_builds_one_backend_per_upstream_with_its_dialect(tmp_path: Pat
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\napi_key = 'k'\napi_key_env = 'K'\n", "upstreams.a.api_key_env: give either"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\napi_key_env = 'MISSING_KEY'\n", "upstreams.a.api_key_env: the environment variable 'MISSING_KEY' is not set"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.dialect]\nreplay_reasonning = true\n",
-     "upstreams.a.dialect.replay_reasonning: not a dialect option of wire_api 'chat' (known: token_limit_field, schema_style, replay_reasoning, file_parts)"),
+     "upstreams.a.dialect.replay_reasonning: not a dialect option of wire_api 'chat' (known: token_limit_field, schema_style, replay_reasoning, file_parts, named_tool_choice)"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nwire_api = 'responses'\nmodels = ['m']\n[upstreams.a.dialect]\nschema_style = 'json_schema'\n",
      "upstreams.a.dialect.schema_style: not a dialect option of wire_api 'responses'"),
     ("[upstreams.a]\nbase_url = 'http://x/v1'\nmodels = ['m']\n[upstreams.a.dialect]\nschema_style = 'xml'\n",

@@ -39,6 +39,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.backends.model_info import ModelGauges as ModelGauges
+from app.backends.model_info import ModelInfo as ModelInfo
 from app.backends.parts import TEXT_AND_IMAGES as TEXT_AND_IMAGES
 from app.backends.parts import ContentPart, InputModality
 from app.backends.parts import FilePart as FilePart
@@ -293,41 +295,6 @@ Delta = (TextDelta | ReasoningDelta | ToolCallDelta | ToolSearchCallDelta | Tool
          | Finish)
 
 
-@dataclass(frozen=True, slots=True)
-class ModelInfo:
-    """A served model, as listed, with what a client may count on from it."""
-
-    id: str
-    owned_by: str
-    context_window: int | None = None
-    images: bool = True
-    """Whether an image in the input reaches the model (one that takes text only, an
-    embedded model or an upstream that declares ``input_modalities = ["text"]``, is shown
-    a note in its place); an upstream's model gets what is sent and decides."""
-    lark_grammars: bool = False
-    """Whether a ``custom`` tool's Lark grammar holds the model's calls of it (Codex's
-    freeform ``apply_patch``); where it does not, such a tool is not offered."""
-    status: str | None = None
-    """An embedded model's state: ``unloaded``, ``loading``, ``loaded`` or ``error`` (its
-    file cannot be served, or its last load failed); ``None`` for an upstream's."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelGauges:
-    """One model's load at this instant, for ``/metrics``."""
-
-    model: str
-    slots: int
-    slots_busy: int
-    waiting: int
-    up: bool = True
-    """Its server runs and answers (not while it starts again after an exit)."""
-    restarts: int = 0
-    """Times its server exited on its own and was started again."""
-    memory_mib: int = 0
-    """What it is estimated to take, counted against ``ORS_MODEL_MEMORY_MIB``."""
-
-
 class Backend(abc.ABC):
     """A source of model output. See the module docstring for the stream contract."""
 
@@ -394,13 +361,12 @@ class Backend(abc.ABC):
         return None
 
     async def load(self, model: str) -> ModelInfo:
-        """Load ``model`` now (``POST /v1/models/{id}/load``). Only a backend that runs its
-        models loads them; elsewhere a 400."""
+        """Load ``model`` now (``POST /v1/models/{id}/load``): a backend that runs its models."""
         raise InvalidRequest(f"The model '{model}' is served by an upstream: it is not loaded here", param="model")
 
     async def unload(self, model: str) -> ModelInfo:
         """Unload ``model`` now (``POST /v1/models/{id}/unload``); see :meth:`load`."""
-        raise InvalidRequest(f"The model '{model}' is served by an upstream: it is not loaded here", param="model")
+        return await self.load(model)
 
     async def start(self) -> None:
         """Prepare resources (load models, open clients). Called once at app start."""

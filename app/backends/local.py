@@ -54,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
@@ -69,9 +68,8 @@ from app.backends.base import (
     ToolSpec,
     Usage,
 )
-from app.backends.gguf_files import shard_paths
-from app.backends.llama_process import DEFAULT_CHUNK, ServerOptions, find_binary
-from app.backends.llama_server import HANG_SECONDS, LlamaServer, ServerState
+from app.backends.llama_process import DEFAULT_CHUNK
+from app.backends.llama_server import HANG_SECONDS, ServerState
 from app.backends.local_completion import (
     CompletionReader,
     OutputParserFactory,
@@ -80,19 +78,17 @@ from app.backends.local_completion import (
     make_plan,
 )
 from app.backends.local_model import LocalModel, ServedModel
-from app.backends.model_files import LOCAL_MODELS, DiskFile, ModelFiles, ModelSpec
-from app.backends.residency import Residency, footprint_mib
+from app.backends.model_files import LOCAL_MODELS, ModelFiles, ModelSpec
+from app.backends.model_starter import ModelStarter
+from app.backends.residency import Residency
 from app.backends.slots import SlotPool
 from app.backends.toolcalls import tool_call_parser
-from app.backends.vocabulary import Vocabulary
 from app.backends.warm_ups import WarmUps
 from app.errors import (
     Conflict,
     ContextLengthExceeded,
     InvalidRequest,
-    ModelError,
     ModelNotFound,
-    ModelUnavailable,
     ORSError,
 )
 
@@ -102,9 +98,6 @@ log = logging.getLogger("ors.local")
 DEFAULT_PARALLEL = 4
 DEFAULT_QUEUE = 32
 DEFAULT_CACHE_RAM_MIB = 2048
-UNLOADABLE_RETRY_SECONDS = 60
-"""``Retry-After`` of a request for an operator's model that failed to load: it is tried
-again at the next request, which finds the file mended or the same error."""
 HOLDS_LARK_GRAMMARS = True
 """Whether a forced call of a ``custom`` tool with a Lark grammar (Codex's freeform
 ``apply_patch``) is held to that grammar here (:mod:`app.backends.lark_gbnf`): the
@@ -159,19 +152,12 @@ class LocalBackend(Backend):
         unknown = [m for m in [*served, *preload] if m not in catalog]
         if unknown:
             raise ValueError(f"Unknown local models: {', '.join(unknown)}; known: {', '.join(catalog)}")
-        self._data_dir = Path(cache_dir)
-        self._files = ModelFiles(cache_dir, catalog)
-        self._n_threads = n_threads or _available_cpus()
+        self._starter = ModelStarter(Path(cache_dir), ModelFiles(cache_dir, catalog), threads=n_threads,
+                                     parallel=parallel, queue=queue, cache_ram_mib=cache_ram_mib, kv_type=kv_type,
+                                     chunk=chunk, server_binary=server_binary, hang_seconds=hang_seconds)
         self._n_ctx = n_ctx
         self._preload = list(preload)
         self._output_parser = output_parser
-        self._parallel = parallel
-        self._queue = queue
-        self._cache_ram_mib = cache_ram_mib
-        self._kv_type = kv_type
-        self._chunk = chunk
-        self._server_binary = server_binary
-        self._hang_seconds = hang_seconds
         specs = {model: spec.with_temperature(temperature) for model, spec in catalog.items()}
         self._entries = {model: ServedModel(specs[model]) for model in served}
         for model in self._preload:
@@ -368,80 +354,5 @@ class LocalBackend(Backend):
             return await asyncio.to_thread(make_plan, request, model.spec, model.vocabulary)
         return make_plan(request, model.spec, model.vocabulary)
 
-    def _template_file(self, spec: ModelSpec) -> Path | None:
-        """The file of a chat template that replaces the GGUF's own, for a server that
-        renders its chats (written afresh at each load)."""
-        if spec.chat_template is None or spec.chat_parser != "llama.cpp":
-            return None
-        path = self._data_dir / "templates" / f"{spec.id}.jinja"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(spec.chat_template, encoding="utf-8")
-        return path
-
     async def _load(self, entry: ServedModel) -> LocalModel:
-        spec = entry.spec
-        operators = isinstance(spec.source, DiskFile)
-        try:
-            path = await asyncio.to_thread(self._files.path, spec.id)
-            vocabulary = await asyncio.to_thread(Vocabulary, spec, path)
-        except ORSError as exc:
-            if operators:  # the operator's file: not this server's fault, and tried again at the next request
-                raise ModelUnavailable(exc.message, retry_after=UNLOADABLE_RETRY_SECONDS) from exc
-            raise
-        except Exception as exc:
-            if not isinstance(spec.source, DiskFile):
-                raise ModelError(f"The model '{spec.id}' failed to load: {exc}") from exc
-            raise ModelUnavailable(f"The model '{spec.id}' failed to load from {spec.source.path.name}: {exc}",
-                                   retry_after=UNLOADABLE_RETRY_SECONDS) from exc
-        parallel = spec.parallel or self._parallel
-        kv_type = spec.kv_type or self._kv_type
-        try:
-            need = footprint_mib(vocabulary.llm.metadata, sum(part.stat().st_size for part in shard_paths(path)),
-                                 self.context_window(spec.id), kv_type)
-            await self._residency.admit(entry, need)
-        except BaseException:
-            vocabulary.close()
-            raise
-        template_file = await asyncio.to_thread(self._template_file, spec)
-        options = ServerOptions(
-            model_path=path,
-            context=self.context_window(spec.id),
-            parallel=parallel,
-            threads=self._n_threads,
-            cache_ram_mib=self._cache_ram_mib,
-            slot_dir=self._data_dir / "kv" / spec.id,
-            kv_type=kv_type,
-            batch=self._chunk,
-            chat=spec.chat_parser == "llama.cpp",
-            chat_template_file=template_file,
-            defaults=default_flags(spec) if spec.chat_parser == "llama.cpp" else (),
-        )
-        server = LlamaServer(find_binary(self._server_binary), options, self._data_dir / "logs" / f"{spec.id}.log",
-                             hang_seconds=self._hang_seconds)
-        try:
-            await server.start()
-        except BaseException:
-            vocabulary.close()
-            raise
-        model = LocalModel(spec, vocabulary, server, SlotPool(parallel, self._queue))
-        await model.restore()
-        server.on_restart = model.restore  # a server started again after an exit gets them back too
-        return model
-
-
-def default_flags(spec: ModelSpec) -> tuple[str, ...]:
-    """llama-server's flags of ``spec``'s default sampling and answer length."""
-    sampling = spec.sampling
-    flags = ["--temp", str(sampling.temperature), "--top-p", str(sampling.top_p), "--top-k", str(sampling.top_k),
-             "--min-p", str(sampling.min_p), "--repeat-penalty", str(sampling.repeat_penalty)]
-    if spec.default_max_output_tokens is not None:
-        flags += ["--n-predict", str(spec.default_max_output_tokens)]
-    return tuple(flags)
-
-
-def _available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
+        return await self._starter.start(entry, self.context_window(entry.spec.id), self._residency.admit)

@@ -51,6 +51,12 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
     def create(self, **body: Any) -> dict[str, Any]:
         """POST /v1/responses (JSON); the response must be a valid ResponseResource."""
         reply = self.http.post("/v1/responses", json=body)

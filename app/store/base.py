@@ -203,6 +203,12 @@ class ResponseStore(abc.ABC):
         that is not among them gives an empty page). ``None`` if the response is absent."""
 
     @abc.abstractmethod
+    async def responses(self, tenant: str, *, limit: int, order: Order, after: str | None) -> ItemPage:
+        """A page of the tenant's visible responses (their resources), ``desc`` newest
+        first (cursor ``after`` = a response id; one that is not among them gives an
+        empty page)."""
+
+    @abc.abstractmethod
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
         """The serialized events of a finished response, in order; ``None`` if absent or
         if no events were recorded (not finished yet, cancelled, recovered, or a plain

@@ -174,6 +174,24 @@ def input_items_page(tenant: str, response_id: str, limit: int, order: Order, af
     return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
 
 
+def responses_page(tenant: str, limit: int, order: Order, after: str | None,
+                   connection: Connection) -> ItemPage:
+    """Up to ``limit`` of the tenant's visible responses (their resources) after the
+    cursor ``after`` (a response id; one that is not among them gives an empty page), in
+    ``order`` of creation: ids begin with the time they were made (:mod:`app.engine.ids`),
+    so the primary key is the order, ``desc`` newest first."""
+    ascending = order == "asc"
+    mine = (responses.c.tenant == tenant) & responses.c.deleted_at.is_(None)
+    query = select(responses.c.resource).where(mine)
+    if after is not None:
+        if connection.scalar(select(responses.c.id).where(mine, responses.c.id == after)) is None:
+            return ItemPage(data=[], has_more=False)
+        query = query.where(responses.c.id > after if ascending else responses.c.id < after)
+    query = query.order_by(responses.c.id.asc() if ascending else responses.c.id.desc()).limit(limit + 1)
+    page: Sequence[JSON] = connection.scalars(query).all()
+    return ItemPage(data=list(page[:limit]), has_more=len(page) > limit)
+
+
 def unfinished_owners(instance_id: str, connection: Connection) -> list[str]:
     """The other instances that own responses not finished (recovery's candidates)."""
     query = (

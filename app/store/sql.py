@@ -372,6 +372,11 @@ class SqlResponseStore(ResponseStore):
             raise ValueError(f"order must be 'asc' or 'desc', not {order!r}")
         return await self._read(functools.partial(reads.input_items_page, tenant, response_id, limit, order, after))
 
+    async def responses(self, tenant: str, *, limit: int, order: Order, after: str | None) -> ItemPage:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        return await self._read(functools.partial(reads.responses_page, tenant, limit, order, after))
+
     async def events(self, tenant: str, response_id: str) -> list[str] | None:
         body = await self._read(functools.partial(reads.events_body, tenant, response_id), single=True)
         return None if body is None else await unpack_events(body)

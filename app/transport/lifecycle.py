@@ -97,6 +97,21 @@ async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep
     return _json(stored.resource)
 
 
+@router.get("/v1/responses")
+async def list_responses(
+    engine: EngineDep,
+    tenant: TenantDep,
+    limit: int = 20,
+    order: str = "desc",
+    after: str | None = None,
+) -> Response:
+    """The tenant's stored responses, newest first by default, with the cursor rules of
+    ``input_items`` (a superset of the spec, for the playground and for operators). A
+    WebSocket upgrade on this path is the WebSocket transport (``app.transport.websocket``)."""
+    page = await _store(engine).responses(tenant, limit=_limit(limit), order=_order(order), after=after)
+    return _page(page.data, page.has_more)
+
+
 @router.get("/v1/responses/{response_id}/input_items")
 async def list_input_items(
     response_id: str,
@@ -107,21 +122,33 @@ async def list_input_items(
     after: str | None = None,
 ) -> Response:
     """The response's input items, newest first by default, with cursor pagination."""
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("order must be 'asc' or 'desc'.", code="invalid_value", param="order")
-    direction: Literal["asc", "desc"] = "asc" if order == "asc" else "desc"
-    page = await _store(engine).input_items(tenant, response_id, limit=limit, order=direction, after=after)
+    page = await _store(engine).input_items(tenant, response_id, limit=_limit(limit), order=_order(order),
+                                            after=after)
     if page is None:
         raise _not_found(response_id)
-    data = page.data
+    return _page(page.data, page.has_more)
+
+
+def _limit(limit: int) -> int:
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    return limit
+
+
+def _order(order: str) -> Literal["asc", "desc"]:
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("order must be 'asc' or 'desc'.", code="invalid_value", param="order")
+    return "asc" if order == "asc" else "desc"
+
+
+def _page(data: list[Any], has_more: bool) -> Response:
+    """A list page as OpenAI's API gives one."""
     return _json({
         "object": "list",
         "data": data,
         "first_id": data[0]["id"] if data else None,
         "last_id": data[-1]["id"] if data else None,
-        "has_more": page.has_more,
+        "has_more": has_more,
     })
 
 

@@ -10,10 +10,11 @@
 #                   127.0.0.1:5432 and Redis on 127.0.0.1:6379 (ORS_TEST_POSTGRES_URL and
 #                   ORS_TEST_REDIS_URL name others), builds llama-server once, installs
 #                   the pinned Codex CLI with npm (Node.js 20) and llama.cpp's templates of
-#                   model families (scripts/llama-templates.sh).
-# Tests are marked by what they need (`postgres`, `redis`, `model`, `codex`; see tests/conftest.py),
-# and `slow` where they take minutes anyway; any other selection runs with, for example,
-# `.venv/bin/python -m pytest -m "not model"`.
+#                   model families (scripts/llama-templates.sh), and Debian's Chromium for
+#                   the playground's browser tests (apt-get, as root or with sudo).
+# Tests are marked by what they need (`postgres`, `redis`, `model`, `codex`, `browser`; see
+# tests/conftest.py), and `slow` where they take minutes anyway; any other selection runs
+# with, for example, `.venv/bin/python -m pytest -m "not model"`.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -27,6 +28,9 @@ LLAMA_SERVER := $(BIN)/llama-server
 # family's tool calls and reasoning (see scripts/llama-templates.sh).
 LLAMA_TEMPLATES := $(VENV)/share/llama.cpp/templates/.complete
 CODEX  := node_modules/.bin/codex
+# The browser the playground's tests drive (Playwright, from the dev extras, runs it).
+CHROMIUM := /usr/bin/chromium
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 HOST   ?= 127.0.0.1
 PORT   ?= 8080
 
@@ -43,7 +47,7 @@ export OMP_WAIT_POLICY ?= PASSIVE
 MYPY_PATHS := app/protocol app/engine
 # The tests of `make test-fast`: those that need none of the services or models, and are quick;
 # run by FAST_WORKERS processes (pytest-xdist), each test module in one of them.
-FAST_TESTS := not postgres and not redis and not model and not slow and not codex
+FAST_TESTS := not postgres and not redis and not model and not slow and not codex and not browser
 FAST_WORKERS ?= 2
 
 .PHONY: install serve test test-fast bench lint clean
@@ -67,13 +71,18 @@ $(CODEX): package.json package-lock.json
 $(LLAMA_SERVER): scripts/build-llama-server.sh $(wildcard scripts/patches/*.patch) pyproject.toml | $(STAMP)
 	PYTHON=$(BIN)/python scripts/build-llama-server.sh $(LLAMA_CPP_VERSION) $@
 
+# Debian's Chromium, for the `browser` tests.
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends chromium
+
 $(LLAMA_TEMPLATES): scripts/llama-templates.sh pyproject.toml | $(STAMP)
 	PYTHON=$(BIN)/python scripts/llama-templates.sh $(LLAMA_CPP_VERSION) $(dir $@)
 
 serve: $(STAMP) $(LLAMA_SERVER)
 	$(BIN)/ors serve --host $(HOST) --port $(PORT)
 
-test: lint $(LLAMA_SERVER) $(LLAMA_TEMPLATES) $(CODEX)
+test: lint $(LLAMA_SERVER) $(LLAMA_TEMPLATES) $(CODEX) $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 test-fast: lint

@@ -184,6 +184,15 @@ class Settings(BaseSettings):
     WebSocket connections and make CORS requests; unset means no CORS, and a WebSocket
     upgrade carrying an ``Origin`` is refused (403 ``origin_not_allowed``). Clients that
     send no ``Origin`` (SDKs, CLIs) are always served."""
+    ui: bool = True
+    """The playground page at ``/`` (its files under ``/ui/``): talk to a model, watch the
+    response's items and events, browse stored responses, run the conformance checks.
+    ``false``: both answer 404."""
+    check_allowed_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated API roots (``http://10.0.0.5:8080/v1``; a root is allowed with any
+    path below it) that the playground's conformance runs (``POST /ors/checks``) may check
+    besides this server itself; unset: this server only. ors sends requests to them, so
+    list only servers you trust."""
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Comma-separated host names accepted besides ``localhost``, ``127.0.0.1`` and
     ``[::1]`` when the server listens on a loopback address; any other ``Host`` is 403
@@ -323,7 +332,7 @@ class Settings(BaseSettings):
         return pairs
 
     @field_validator("api_keys", "preload_models", "upstream_models", "allowed_origins", "allowed_hosts",
-                     mode="before")
+                     "check_allowed_urls", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from app.backends.base import Backend
 from app.backends.http_client import Pool
+from app.check_runs import CheckRuns
 from app.config import Settings
 from app.engine.engine import Engine
 from app.engine.history import HistoryCache
@@ -183,6 +184,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         tool_search=settings.tool_search_limits(),
     )
     drain = Drain()
+    check_runs = CheckRuns()
     limiter = rate_limiter(rpm=settings.rate_limit_rpm, concurrent=settings.rate_limit_concurrent,
                            redis_url=settings.redis_url, redis_prefix=settings.redis_prefix)
 
@@ -190,6 +192,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         check_exposure(settings)
         drain.bind()
+        drain.when_draining(check_runs.abandon)
         await open_when_reachable(store, settings.database_wait_seconds)
         await limiter.start()
         # a cancel recorded by any replica stops the run if it runs here
@@ -228,6 +231,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
     app.state.settings = settings
     app.state.ready = False
     app.state.drain = drain
+    app.state.check_runs = check_runs
     app.state.live = live
     app.state.engine = engine
     app.state.sealer = sealer

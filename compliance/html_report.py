@@ -12,7 +12,7 @@ import html
 import json
 from typing import Any
 
-_STYLE = """
+STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:72rem;padding:0 1rem;color:#1d1d1f}
 h1{font-size:1.4rem}table{border-collapse:collapse;width:100%}td,th{padding:.3rem .6rem;text-align:left;
 border-bottom:1px solid #ddd}.PASS{color:#0a7d32;font-weight:600}.FAIL{color:#b3261e;font-weight:600}
@@ -35,7 +35,7 @@ def render(report: dict[str, Any]) -> str:
     sections = "".join(_section(check) for check in report["checks"])
     return (
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-        f"<title>Open Responses check: {_e(report['endpoint'])}</title><style>{_STYLE}</style></head><body>"
+        f"<title>Open Responses check: {_e(report['endpoint'])}</title><style>{STYLE}</style></head><body>"
         f"<h1>Open Responses check: {_e(report['endpoint'])}</h1>"
         f"<p class='meta'>model <code>{_e(report['model'])}</code> · checked {_e(report['checked_at'])} · "
         f"{report['wall_seconds']} s · <b>{verdict}</b>: {report['passed']} passed, {report['failed']} failed, "

@@ -40,6 +40,7 @@ NEEDS: dict[str, str] = {
     "model_dir": "model",
     "smollm2": "model",
     "qwen_cache_dir": "model",
+    "chromium": "browser",
 }
 """Fixtures that need a service or an embedded model, and the marker of that need. A
 fixture that uses one of them (``server`` uses ``model_dir``) passes its need on."""

@@ -12,10 +12,11 @@ In order, each refusal an :mod:`app.errors` error rendered by
    refused by policy, and 421 invites clients to retry on another connection. A request
    without a Host header (HTTP/1.0) cannot come from a browser and passes.
 2. **Origin** of a WebSocket upgrade: an upgrade that carries an ``Origin`` header (a
-   browser) must name an origin of ``ORS_ALLOWED_ORIGINS``; otherwise it is refused
-   before the handshake completes, 403 ``origin_not_allowed``. An upgrade without one
-   (SDKs, command-line clients) passes: only browsers send it, and only browsers can be
-   made to connect by a page of another site.
+   browser) must name an origin of ``ORS_ALLOWED_ORIGINS`` or this server's own (the
+   ``Host`` it was sent to, which the first guard checked: the playground's page);
+   otherwise it is refused before the handshake completes, 403 ``origin_not_allowed``.
+   An upgrade without one (SDKs, command-line clients) passes: only browsers send it,
+   and only browsers can be made to connect by a page of another site.
 3. **Content-Type** of a ``POST``: ``application/json``, optionally with ``charset=utf-8``;
    otherwise 415 ``unsupported_media_type`` (``param`` null). Browsers send a JSON type
    cross-site only after a CORS preflight, so a form or ``text/plain`` post from another
@@ -260,7 +261,7 @@ class Guards:
             elif name == b"origin":
                 origin = value
         error = self._host_error(host)
-        if error is None and origin is not None and not self._origin_allowed(origin):
+        if error is None and origin is not None and not self._origin_allowed(origin, host):
             error = Forbidden(
                 f"WebSocket connections from origin {origin.decode('latin-1')!r} are not allowed "
                 "(ORS_ALLOWED_ORIGINS lists the allowed ones).",
@@ -286,8 +287,10 @@ class Guards:
             code="host_not_allowed",
         )
 
-    def _origin_allowed(self, origin: bytes) -> bool:
-        return self.any_origin or origin.rstrip(b"/").lower() in self.origins
+    def _origin_allowed(self, origin: bytes, host: bytes | None) -> bool:
+        origin = origin.rstrip(b"/").lower()
+        own = host is not None and origin.partition(b"://")[2] == host.lower()
+        return own or self.any_origin or origin in self.origins
 
     def _too_large(self) -> PayloadTooLarge:
         return PayloadTooLarge(f"The request body is larger than {self.max_body_bytes} bytes (ORS_MAX_BODY_BYTES).")

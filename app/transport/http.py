@@ -5,7 +5,9 @@
 * :mod:`app.transport.compact`, :mod:`app.transport.input_tokens`: the superset endpoints
   under ``/v1/responses/``;
 * :mod:`app.transport.websocket`: the WebSocket transport on ``/v1/responses``;
-* :mod:`app.transport.health`: ``/healthz``, ``/readyz``, ``GET /v1/models``.
+* :mod:`app.transport.health`: ``/healthz``, ``/readyz``, ``GET /v1/models``;
+* :mod:`app.transport.ui` and :mod:`app.transport.checks`: the playground page at ``/``
+  and its conformance runs under ``/ors/checks`` (unless ``ORS_UI=false``).
 
 Every route goes through FastAPI's router and its dependencies
 (:mod:`app.transport.deps`); every error leaves through the one mapping of
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.transport import compact, create, health, input_tokens, lifecycle, websocket
+from app.transport import checks, compact, create, health, input_tokens, lifecycle, ui, websocket
 from app.transport.sse import StreamOptions, leave_shutdown_to_the_drain
 
 
@@ -27,3 +29,6 @@ def install_routes(app: FastAPI) -> None:
     leave_shutdown_to_the_drain()
     for module in (create, lifecycle, compact, input_tokens, websocket, health):
         app.include_router(module.router)
+    if app.state.settings.ui:
+        ui.install(app)
+        app.include_router(checks.router)

@@ -52,6 +52,7 @@ is negotiated when asked. Contract of a connection:
   it started is one ``response.failed`` (no ``error`` event before it, unlike SSE). The
   socket stays open for the next turn. ``response.steer`` is answered at once with
   ``response.steer.failed`` (``steering_not_supported``): steering is not supported.
+* **Keys from browsers** (:data:`KEY_PROTOCOL`): the key may come as an offered subprotocol.
 * **The cap.** After ``ORS_WS_MAX_CONNECTION_SECONDS`` each running response ends with
   ``response.failed``, code ``websocket_connection_limit_reached``; a connection with
   none running gets that error envelope (without ``stream_id``). Queued turns that never
@@ -272,15 +273,30 @@ class Connection:
 async def responses_socket(socket: WebSocket) -> None:
     state = socket.app.state
     authenticator: KeyAuthenticator = state.authenticator
+    offered: list[str] = socket.scope.get("subprotocols") or []
     try:
-        tenant = authenticator.tenant(socket.headers.get("authorization"))
+        tenant = authenticator.tenant(socket.headers.get("authorization") or _key_in(offered))
     except ORSError as error:
         await socket.send_denial_response(error_response(error))
         return
-    await socket.accept()
+    await socket.accept(subprotocol=next((p for p in offered if not p.startswith(KEY_PROTOCOL)), None))
     settings = state.settings
     connection = Connection(
         socket, state.engine, tenant, state.drain, settings.ws_max_connection_seconds,
         settings.ws_max_queued_frames, state.limiter, state.bodies, max_streams=settings.ws_max_streams,
     )
     await connection.serve()
+
+
+KEY_PROTOCOL = "openai-insecure-api-key."
+"""A browser cannot set a WebSocket's headers: it offers its key as a subprotocol,
+``openai-insecure-api-key.<key>``, as OpenAI's Realtime API takes it from browsers, beside
+a subprotocol the server selects (the playground offers ``responses``); the key's own
+protocol is never selected, so the key is not echoed. An ``Authorization`` header wins."""
+
+
+def _key_in(offered: list[str]) -> str | None:
+    for protocol in offered:
+        if protocol.startswith(KEY_PROTOCOL):
+            return f"Bearer {protocol[len(KEY_PROTOCOL):]}"
+    return None

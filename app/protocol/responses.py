@@ -113,13 +113,19 @@ class CreateResponseBody(BaseModel):
     @field_validator("metadata")
     @classmethod
     def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None:
-            if len(value) > 16:
-                raise ValueError("metadata may hold at most 16 key-value pairs")
-            for key in value:
-                if len(key) > 64:
-                    raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
-        return value
+        return metadata_limits(value)
+
+
+def metadata_limits(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's limits of ``metadata``: at most 16 pairs, keys of at most 64 characters
+    (values of at most 512 are the field's own type)."""
+    if value is not None:
+        if len(value) > 16:
+            raise ValueError("metadata may hold at most 16 key-value pairs")
+        for key in value:
+            if len(key) > 64:
+                raise ValueError(f"metadata key {key[:20]!r}... is longer than 64 characters")
+    return value
 
 
 # ---------------------------------------------------------------- fields (output)

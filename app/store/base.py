@@ -37,11 +37,14 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from app.errors import ServerError
 from app.store.relay import RelayedEvent, Source
 from app.store.schema import Serialized
+
+if TYPE_CHECKING:
+    from app.store.conversations import SqlConversations
 
 JSON = dict[str, Any]
 Document = JSON | Serialized
@@ -201,6 +204,11 @@ class ResponseStore(abc.ABC):
     ) -> ItemPage | None:
         """A page of the response's input items (cursor ``after`` = an item id; an id
         that is not among them gives an empty page). ``None`` if the response is absent."""
+
+    @property
+    @abc.abstractmethod
+    def conversations(self) -> SqlConversations:
+        """The tenants' conversations, kept in the same database (:mod:`app.store.conversations`)."""
 
     @abc.abstractmethod
     async def responses(self, tenant: str, *, limit: int, order: Order, after: str | None) -> ItemPage:

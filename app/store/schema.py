@@ -9,6 +9,10 @@
 * ``items``: a response's own items, ``role`` ``input`` then ``output``, each numbered
   from 0 by ``position``. Written once (inputs by ``begin``, outputs by ``finish``),
   removed when no visible response needs them any more.
+* ``conversations`` and ``conversation_items``: a tenant's conversations (OpenAI's
+  Conversations API) and their items, numbered by ``position`` in the order they were
+  added (``next_position`` is the next number; an item removed leaves a gap), each
+  ``item_id`` once per conversation. A deleted conversation goes whole, items included.
 * ``events``: the serialized events of a finished response, one row written once: their
   JSON texts one per line, zlib-compressed (:mod:`app.store.codec`; rows written as a
   JSON array of strings, as before, still read).
@@ -144,6 +148,28 @@ events = Table(
     metadata,
     Column("response_id", Text, ForeignKey("responses.id", ondelete="CASCADE"), primary_key=True),
     Column("body", LargeBinary, nullable=False),
+)
+
+conversations = Table(
+    "conversations",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("created_at", BigInteger, nullable=False),
+    Column("metadata", JsonText, nullable=False),
+    Column("next_position", Integer, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+)
+
+conversation_items = Table(
+    "conversation_items",
+    metadata,
+    Column("conversation_id", Text, ForeignKey("conversations.id", ondelete="CASCADE"), nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("item_id", Text, nullable=False),
+    Column("item", JsonText, nullable=False),
+    PrimaryKeyConstraint("conversation_id", "position"),
+    Index("ix_conversation_items_conversation_id_item_id", "conversation_id", "item_id", unique=True),
 )
 
 NON_TERMINAL = frozenset(status for status in ResponseStatus if not status.final)

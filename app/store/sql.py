@@ -50,6 +50,7 @@ from app.store import deletion, reads, statements
 from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
 from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
 from app.store.codec import packer, unpack_events
+from app.store.conversations import SqlConversations
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path, unreachable
 from app.store.group_commit import GroupCommit, Writes
@@ -113,6 +114,10 @@ class SqlResponseStore(ResponseStore):
         if self._db is None:
             raise RuntimeError("the store is not open")
         return self._db.sync_engine
+
+    @property
+    def conversations(self) -> SqlConversations:
+        return SqlConversations(self._write, self._read)
 
     @property
     def is_sqlite(self) -> bool:

@@ -6,6 +6,7 @@
   under ``/v1/responses/``;
 * :mod:`app.transport.websocket`: the WebSocket transport on ``/v1/responses``;
 * :mod:`app.transport.health`: ``/healthz``, ``/readyz``, ``GET /v1/models``;
+* :mod:`app.transport.conversations`: OpenAI's Conversations API, ``/v1/conversations``;
 * :mod:`app.transport.ui` and :mod:`app.transport.checks`: the playground page at ``/``
   and its conformance runs under ``/ors/checks`` (unless ``ORS_UI=false``).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from app.transport import checks, compact, create, health, input_tokens, lifecycle, ui, websocket
+from app.transport import checks, compact, conversations, create, health, input_tokens, lifecycle, ui, websocket
 from app.transport.sse import StreamOptions, leave_shutdown_to_the_drain
 
 
@@ -27,7 +28,7 @@ def install_routes(app: FastAPI) -> None:
     shutdown by ``app.state.drain`` (:mod:`app.transport.sse`)."""
     app.state.stream_options = StreamOptions.from_settings(app.state.settings)
     leave_shutdown_to_the_drain()
-    for module in (create, lifecycle, compact, input_tokens, websocket, health):
+    for module in (create, lifecycle, compact, input_tokens, websocket, health, conversations):
         app.include_router(module.router)
     if app.state.settings.ui:
         ui.install(app)

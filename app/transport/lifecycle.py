@@ -108,8 +108,9 @@ async def list_responses(
     """The tenant's stored responses, newest first by default, with the cursor rules of
     ``input_items`` (a superset of the spec, for the playground and for operators). A
     WebSocket upgrade on this path is the WebSocket transport (``app.transport.websocket``)."""
-    page = await _store(engine).responses(tenant, limit=_limit(limit), order=_order(order), after=after)
-    return _page(page.data, page.has_more)
+    size, direction = paging(limit, order)
+    page = await _store(engine).responses(tenant, limit=size, order=direction, after=after)
+    return page_json(page.data, page.has_more)
 
 
 @router.get("/v1/responses/{response_id}/input_items")
@@ -122,26 +123,23 @@ async def list_input_items(
     after: str | None = None,
 ) -> Response:
     """The response's input items, newest first by default, with cursor pagination."""
-    page = await _store(engine).input_items(tenant, response_id, limit=_limit(limit), order=_order(order),
-                                            after=after)
+    size, direction = paging(limit, order)
+    page = await _store(engine).input_items(tenant, response_id, limit=size, order=direction, after=after)
     if page is None:
         raise _not_found(response_id)
-    return _page(page.data, page.has_more)
+    return page_json(page.data, page.has_more)
 
 
-def _limit(limit: int) -> int:
+def paging(limit: int, order: str) -> tuple[int, Literal["asc", "desc"]]:
+    """A list's ``limit`` (1 to 100) and ``order`` (``asc`` or ``desc``), checked."""
     if not 1 <= limit <= 100:
         raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
-    return limit
-
-
-def _order(order: str) -> Literal["asc", "desc"]:
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be 'asc' or 'desc'.", code="invalid_value", param="order")
-    return "asc" if order == "asc" else "desc"
+    return limit, "asc" if order == "asc" else "desc"
 
 
-def _page(data: list[Any], has_more: bool) -> Response:
+def page_json(data: list[Any], has_more: bool) -> Response:
     """A list page as OpenAI's API gives one."""
     return _json({
         "object": "list",

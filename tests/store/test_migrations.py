@@ -40,7 +40,9 @@ async def test_migrated_database_is_the_schema(store: SqlResponseStore) -> None:
         assert (await connection.scalars(text("SELECT version_num FROM alembic_version"))).all() == [head_revision()]
         indexes = await connection.run_sync(index_names)
     # each index is a page more for every write to touch: only those some query needs
-    assert indexes == {"ix_responses_previous_response_id", "ix_responses_unfinished_owner"}
+    # (a conversation's item by its id: GET and DELETE of one item, the ``after`` cursor, each id once)
+    assert indexes == {"ix_responses_previous_response_id", "ix_responses_unfinished_owner",
+                       "ix_conversation_items_conversation_id_item_id"}
 
 
 async def test_second_open_is_a_no_op(

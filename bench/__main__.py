@@ -1,15 +1,15 @@
-"""``python -m bench [overhead|embedded|proxy|codex|instructions] [options]``: the benchmarks;
+"""``python -m bench [overhead|embedded|model-load|proxy|codex|instructions] [options]``: the benchmarks;
 with no name, all of them but ``instructions`` (what ``make bench`` runs). Each prints its
-figures; ``embedded``, ``proxy`` and ``codex`` also write a JSON report and a plot under
+figures; ``embedded``, ``model-load``, ``proxy`` and ``codex`` also write a JSON report and a plot under
 ``bench/results/`` (not committed)."""
 
 from __future__ import annotations
 
 import sys
 
-from bench import codex_session, embedded, instructions, overhead, proxy
+from bench import codex_session, embedded, instructions, model_load, overhead, proxy
 
-BENCHMARKS = {"overhead": overhead.main, "embedded": embedded.main, "proxy": proxy.main,
+BENCHMARKS = {"overhead": overhead.main, "embedded": embedded.main, "model-load": model_load.main, "proxy": proxy.main,
               "codex": codex_session.main}
 TOOLS = {"instructions": instructions.main}
 """Run by name only, never by ``make bench``: instruments, not targets."""

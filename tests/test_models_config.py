@@ -100,6 +100,18 @@ def test_read_facts_names_the_file(tmp_path: Path) -> None:
     assert (facts.architecture, facts.context_length, facts.chat_template) == ("qwen2", 4096, None)
 
 
+def test_a_file_is_read_again_only_once_it_changed(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "qwen2", context=4096, template=None)
+    first = read_facts(path)
+    assert read_facts(path) is first  # unchanged: the facts read before
+    write_gguf(path, "llama", context=8192, template=None)
+    changed = read_facts(path)
+    assert (changed.architecture, changed.context_length) == ("llama", 8192)
+    path.write_bytes(path.read_bytes()[:100])  # cut short after it was read
+    with pytest.raises(ModelError, match="m.gguf"):
+        read_facts(path)
+
+
 ENTRIES = """
 [models.coder]
 path = "files/coder.gguf"

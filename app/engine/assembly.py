@@ -66,6 +66,8 @@ class Assembled:
     surface: ToolSurface | None = None
     """The request's tools as its backend gets them (``tools`` the ones shown with the
     prompt), tool search included (:mod:`app.engine.tool_search`)."""
+    conversation: str | None = None
+    """The conversation the response continues (:mod:`app.engine.conversation_turns`)."""
 
 
 class Opener:

@@ -48,6 +48,7 @@ from app.engine.assembly import (
 )
 from app.engine.compaction_turn import CompactionTurn, check_compaction_turn, conversation_entries, trigger_index
 from app.engine.context import build_messages
+from app.engine.conversation_turns import conversation_history, conversation_of, hold, releasing
 from app.engine.delivery import Delivery
 from app.engine.echo import initial_response
 from app.engine.files import FileLimits, check_files
@@ -105,6 +106,9 @@ class Prepared:
     surface: ToolSurface | None = None
     """The request's tool search, or tools a search loaded earlier in its context;
     ``None`` for a request with neither."""
+    conversation: str | None = None
+    """The conversation the response is appended to when its end is recorded, held
+    until then (:mod:`app.engine.conversation_turns`)."""
 
     def whole_request(self) -> GenerationRequest:
         """The request for a response nobody sees before it ends: the backend may make
@@ -157,14 +161,19 @@ class Engine:
         self.tool_search = tool_search
         """What one server-run tool search may load, and how many one response may make."""
 
-    async def _assemble(self, data: Any, history: HistorySource, *, require_input: bool = True) -> Assembled:
+    async def _assemble(self, data: Any, history: HistorySource, *, tenant: str,
+                        require_input: bool = True) -> Assembled:
         """Steps 1 to 4 of the module's list, up to the context before it is fitted
         (``require_input``: a request that gives the model nothing is a 400)."""
         if not isinstance(data, dict):
             raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
         check_counts(data, self.limits)
         previous = data.get("previous_response_id")
-        past = await history.load(previous) if isinstance(previous, str) and previous else History()
+        conversation = conversation_of(data)
+        if conversation is not None:
+            past = await conversation_history(self.store, tenant, conversation)
+        else:
+            past = await history.load(previous) if isinstance(previous, str) and previous else History()
         raw_tools = data.get("tools")
         check = functools.partial(
             admit,
@@ -218,9 +227,9 @@ class Engine:
                                schema_limits=self.limits.schema)
         check_choice(body, surface)
         return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
-                         surface)
+                         surface, conversation)
 
-    async def count_input_tokens(self, data: Any, *, history: HistorySource) -> int:
+    async def count_input_tokens(self, data: Any, *, tenant: str, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given
         for this request (instructions, the chain of ``previous_response_id``, the input,
         the tools, rendered by its chat template), counted by its own tokenizer: the
@@ -228,7 +237,7 @@ class Engine:
         checks a request; with ``truncation: auto`` the count is of what would be kept, and
         without it a conversation longer than the window is counted all the same. A model
         whose tokens cannot be counted here (an upstream's) is a 400 on ``model``."""
-        assembled = await self._assemble(data, history)
+        assembled = await self._assemble(data, history, tenant=tenant)
         if assembled.trigger is not None:
             raise InvalidRequest(
                 "A compaction turn (compaction_trigger in the input) gives the model a summarising prompt of "
@@ -251,7 +260,7 @@ class Engine:
         before any stream (the order: the module's list). ``generate=False`` prepares a
         warm-up (:attr:`Prepared.generate`): it may hold no input (its tools alone, say),
         and the backend is not asked to check it, since nothing will be generated."""
-        assembled = await self._assemble(data, history, require_input=generate)
+        assembled = await self._assemble(data, history, tenant=tenant, require_input=generate)
         body, requested, backend = assembled.body, assembled.requested, assembled.backend
         past, new_items, sealed = assembled.past, assembled.new_items, assembled.sealed
         surface = assembled.surface if assembled.trigger is None else None
@@ -273,6 +282,9 @@ class Engine:
             raise InvalidRequest("This server cannot encrypt reasoning.", code="unsupported_include",
                                  param="include")
         stores = body.store is not False and self.store is not None
+        if assembled.conversation is not None and not stores:
+            raise InvalidRequest("A response in a conversation is stored with it: remove store=false.",
+                                 code="invalid_value", param="store")
         tools_json = [tool.model_dump(mode="json") for tool in initial.tools]
 
         stored_inputs: list[JSON] | None = None
@@ -291,7 +303,10 @@ class Engine:
             def on_recorded(output: list[JSON]) -> None:
                 cache.remember(tenant, response_id, past, tools_json, [*inputs_stored(), *output], sealed=sealed)
 
+        if assembled.conversation is not None:  # the last step: nothing after it may fail
+            await hold(self.store, tenant, assembled.conversation, initial.id)
         return Prepared(
+            conversation=assembled.conversation,
             body=body,
             tenant=tenant,
             backend=backend,
@@ -335,6 +350,8 @@ class Engine:
         if (delivery is Delivery.BACKGROUND) != bool(prepared.body.background):
             raise ValueError(f"a {'' if prepared.body.background else 'non-'}background request "
                              f"cannot be delivered as {delivery.name}")
+        if prepared.conversation is not None and prepared.store is not None:
+            on_end = releasing(prepared.store, prepared.tenant, prepared.conversation, prepared.initial.id, on_end)
         run = Run(prepared, delivery, metrics=self.metrics, live=self.live, on_end=on_end)
         if delivery is Delivery.BACKGROUND:
             self.live.start_background(run)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.protocol.responses import ResponseResource, response_json
-from app.store.base import NewResponse, ResponseStore
+from app.store.base import ConversationTurn, NewResponse, ResponseStore
 from app.store.schema import Serialized
 
 JSON = dict[str, Any]
@@ -47,6 +47,7 @@ class Recording:
         tools: list[JSON],
         input_items: Callable[[], list[JSON]],
         on_recorded: Callable[[list[JSON]], None] | None = None,
+        conversation: str | None = None,
     ) -> None:
         self.store = store
         self.tenant = tenant
@@ -55,6 +56,8 @@ class Recording:
         self._input_items = input_items
         self.on_recorded = on_recorded
         """Called with the output items (stored form) once the end is written."""
+        self.conversation = conversation
+        """The conversation the end appends the response's items to, in its transaction."""
         self.deferred: NewResponse | None = None
         """The start, kept to be written with the end (a response recorded only whole)."""
         self.end_written = False
@@ -94,10 +97,12 @@ class Recording:
         self.end_written = True
         self.answer = final = _serialized(resource)
         output = [item.model_dump(mode="json") for item in resource.output]
+        turn = None if self.conversation is None else ConversationTurn(
+            self.tenant, self.conversation, self.response_id, [*self._input_items(), *output])
         if self.deferred is not None:
-            written = await self.store.record(self.deferred, final, output, events)
+            written = await self.store.record(self.deferred, final, output, events, turn)
         else:
-            written = await self.store.finish(self.tenant, self.response_id, final, output, events)
+            written = await self.store.finish(self.tenant, self.response_id, final, output, events, turn)
         if written and self.on_recorded is not None:
             self.on_recorded(output)
 

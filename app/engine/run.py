@@ -117,7 +117,7 @@ class Run:
         self.log = EventLog(keep=prepared.store is not None and delivery.streams)
         self._recording = None if prepared.store is None else Recording(
             prepared.store, tenant=self.tenant, response_id=self.id, tools=prepared.tools,
-            input_items=prepared.input_items, on_recorded=prepared.on_recorded)
+            input_items=prepared.input_items, on_recorded=prepared.on_recorded, conversation=prepared.conversation)
         self.phase = RunPhase.PREPARED
         self.error: ORSError | None = None
         """Why the response failed, when it failed with an error of ours."""

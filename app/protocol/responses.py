@@ -72,6 +72,9 @@ class CreateResponseBody(BaseModel):
     input: str | list[ItemParam] | None = Field(default=None)
     instructions: str | None = None
     previous_response_id: str | None = None
+    conversation: str | dict[str, str] | None = None
+    """OpenAI's superset: the conversation the response continues and is added to
+    (checked by :mod:`app.engine.conversation_turns`)."""
     include: list[IncludeOption] | None = None
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None

@@ -109,6 +109,18 @@ class ItemPage:
     has_more: bool
 
 
+@dataclass(frozen=True, slots=True)
+class ConversationTurn:
+    """What a response adds to its conversation when its end is written, in the same
+    transaction (:func:`app.store.conversations.append_turn`): its input items, then its
+    output items."""
+
+    tenant: str
+    conversation_id: str
+    response_id: str
+    items: list[JSON]
+
+
 class ResponseStore(abc.ABC):
     """Durable storage of responses. Implementations must be safe for concurrent use by
     many tasks of one process, and by several processes sharing one database."""
@@ -135,23 +147,26 @@ class ResponseStore(abc.ABC):
 
     @abc.abstractmethod
     async def finish(
-        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None,
+        turn: ConversationTurn | None = None,
     ) -> bool:
         """Record the end of a response (output items, final snapshot whose ``status`` is
         terminal, serialized events, or none kept: ``None``) in one transaction; ``True``
-        when written. Finishing
+        when written. A ``turn`` (a response in a conversation) is appended to its
+        conversation in the same transaction, and its hold released. Finishing
         twice raises :class:`StoreConflict`; finishing a response that was cancelled or
         deleted meanwhile leaves it as it is, writes nothing and returns ``False``."""
 
     async def record(
-        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None,
+        turn: ConversationTurn | None = None,
     ) -> bool:
         """:meth:`begin` and :meth:`finish` of a response in one transaction: for a
         response nobody could see before it ended (a plain JSON answer: its id is first
         given out with the response itself), half the writes and one commit instead of
         two. The same checks as the two apply."""
         await self.begin(response)
-        return await self.finish(response.tenant, response.id, resource, output_items, events)
+        return await self.finish(response.tenant, response.id, resource, output_items, events, turn)
 
     @abc.abstractmethod
     async def finish_later(

@@ -20,7 +20,7 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
 from app.errors import InvalidRequest
-from app.store.base import JSON, ItemPage, Order
+from app.store.base import JSON, ConversationTurn, ItemPage, Order
 from app.store.schema import conversation_items, conversations, now_ms
 
 T = TypeVar("T")
@@ -144,6 +144,64 @@ def history(tenant: str, conversation_id: str, connection: Connection) -> list[J
         conversation_items.c.conversation_id == conversation_id).order_by(conversation_items.c.position)))
 
 
+STALE_HOLD_MS = 30 * 60 * 1000
+"""A hold older than this is taken to be a dead server's (its response ended without
+releasing it) and may be taken over: half an hour, longer than any one response runs."""
+
+
+def hold(tenant: str, conversation_id: str, response_id: str, connection: Connection) -> bool | None:
+    """Hold the conversation for ``response_id``; ``False`` while another response holds
+    it, ``None`` if there is no such conversation."""
+    now = now_ms()
+    free = conversations.c.busy_response.is_(None) | (conversations.c.busy_since < now - STALE_HOLD_MS)
+    taken = connection.execute(update(conversations).where(_mine(tenant, conversation_id) & free)
+                               .values(busy_response=response_id, busy_since=now)).rowcount
+    if taken:
+        return True
+    return None if _row(connection, tenant, conversation_id) is None else False
+
+
+def release(tenant: str, conversation_id: str, response_id: str, connection: Connection) -> None:
+    """Let go of the conversation, if ``response_id`` still holds it."""
+    connection.execute(update(conversations).where(
+        _mine(tenant, conversation_id) & (conversations.c.busy_response == response_id))
+        .values(busy_response=None, busy_since=None))
+
+
+def append_turn(turn: ConversationTurn, connection: Connection) -> None:
+    """The turn's items appended and the hold released (the conversation gone meanwhile:
+    nothing). An item whose id the conversation already holds (a client that sent back
+    an item it had) is not added twice."""
+    row = _row(connection, turn.tenant, turn.conversation_id, lock=True)
+    if row is None:
+        return
+    ids = [item.get("id") for item in turn.items]
+    held = set(connection.scalars(select(conversation_items.c.item_id).where(
+        conversation_items.c.conversation_id == turn.conversation_id, conversation_items.c.item_id.in_(ids))))
+    new, seen = [], set()
+    for item in turn.items:
+        if item.get("id") not in held and item.get("id") not in seen:
+            seen.add(item.get("id"))
+            new.append(item)
+    if new:
+        _append(connection, turn.conversation_id, row.next_position, new)
+    release(turn.tenant, turn.conversation_id, turn.response_id, connection)
+
+
+def with_turn(work: Callable[[Connection], bool], turn: ConversationTurn | None) -> Callable[[Connection], bool]:
+    """``work`` (a response's end), and if it wrote, ``turn`` in the same transaction."""
+    if turn is None:
+        return work
+
+    def both(connection: Connection) -> bool:
+        written = work(connection)
+        if written:
+            append_turn(turn, connection)
+        return written
+
+    return both
+
+
 class SqlConversations:
     """The conversations of one store, given its ways to write and read
     (:meth:`app.store.sql.SqlResponseStore.conversations`)."""
@@ -179,3 +237,9 @@ class SqlConversations:
 
     async def history(self, tenant: str, conversation_id: str) -> list[JSON] | None:
         return await self._read(lambda c: history(tenant, conversation_id, c))  # type: ignore[no-any-return]
+
+    async def hold(self, tenant: str, conversation_id: str, response_id: str) -> bool | None:
+        return await self._write(lambda c: hold(tenant, conversation_id, response_id, c))  # type: ignore[no-any-return]
+
+    async def release(self, tenant: str, conversation_id: str, response_id: str) -> None:
+        await self._write(lambda c: release(tenant, conversation_id, response_id, c))

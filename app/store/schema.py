@@ -13,6 +13,8 @@
   Conversations API) and their items, numbered by ``position`` in the order they were
   added (``next_position`` is the next number; an item removed leaves a gap), each
   ``item_id`` once per conversation. A deleted conversation goes whole, items included.
+  ``busy_response`` is the response running on it (``busy_since``, when it began), which
+  holds it so that a second one is refused rather than interleaved.
 * ``events``: the serialized events of a finished response, one row written once: their
   JSON texts one per line, zlib-compressed (:mod:`app.store.codec`; rows written as a
   JSON array of strings, as before, still read).
@@ -159,6 +161,8 @@ conversations = Table(
     Column("metadata", JsonText, nullable=False),
     Column("next_position", Integer, nullable=False),
     Column("updated_at", BigInteger, nullable=False),
+    Column("busy_response", Text, nullable=True),
+    Column("busy_since", BigInteger, nullable=True),
 )
 
 conversation_items = Table(

@@ -47,10 +47,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.errors import StoreUnavailable
 from app.protocol.states import ResponseStatus
 from app.store import deletion, reads, statements
-from app.store.base import JSON, ChainLink, Document, ItemPage, NewResponse, Order, ResponseStore, StoredResponse
+from app.store.base import (
+    JSON,
+    ChainLink,
+    ConversationTurn,
+    Document,
+    ItemPage,
+    NewResponse,
+    Order,
+    ResponseStore,
+    StoredResponse,
+)
 from app.store.cancels import CancelNotices, LocalCancelNotices, PostgresCancelNotices
 from app.store.codec import packer, unpack_events
-from app.store.conversations import SqlConversations
+from app.store.conversations import SqlConversations, with_turn
 from app.store.database import Database, PostgresDatabase, SqliteDatabase
 from app.store.engines import create_engine, is_sqlite, normalize_url, sqlite_path, unreachable
 from app.store.group_commit import GroupCommit, Writes
@@ -214,12 +224,13 @@ class SqlResponseStore(ResponseStore):
         await self._write(work, flush=False, single=True)
 
     async def finish(
-        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
+        self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None,
+        turn: ConversationTurn | None = None,
     ) -> bool:
         """Writes nothing (``False``) if the response was cancelled or deleted meanwhile
         (the cancel or the delete wins; the output of the run is dropped)."""
-        return await self._write(await self._finish_work(tenant, response_id, resource, output_items, events),
-                                 single=True)
+        work = await self._finish_work(tenant, response_id, resource, output_items, events)
+        return await self._write(with_turn(work, turn), single=turn is None)
 
     async def finish_later(
         self, tenant: str, response_id: str, resource: Document, output_items: list[JSON], events: list[str] | None
@@ -235,7 +246,8 @@ class SqlResponseStore(ResponseStore):
                                  await self._packer(events))
 
     async def record(
-        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None
+        self, response: NewResponse, resource: Document, output_items: list[JSON], events: list[str] | None,
+        turn: ConversationTurn | None = None,
     ) -> bool:
         # Nobody else can know the id yet (see the base class): no row to lock or update,
         # the row goes in already finished, with its items (and events, if kept).
@@ -244,8 +256,8 @@ class SqlResponseStore(ResponseStore):
         row, item_rows = statements.begin_rows(
             response, self.instance_id, final={"status": status, "resource": resource, "finished_at": now,
                                                "updated_at": now}, output_items=output_items)
-        return await self._write(functools.partial(statements.write_record, row, item_rows, await self._packer(events)),
-                                 single=True)
+        work = functools.partial(statements.write_record, row, item_rows, await self._packer(events))
+        return await self._write(with_turn(work, turn), single=turn is None)
 
     async def set_status(self, tenant: str, response_id: str, status: str, resource: Document) -> None:
         if status not in NON_TERMINAL and status != ResponseStatus.CANCELLED:

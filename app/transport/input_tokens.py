@@ -27,5 +27,5 @@ async def count_input_tokens(request: Request, engine: EngineDep, tenant: Tenant
                              limiter: LimiterDep) -> JSONResponse:
     async with await limiter.acquire(tenant):
         data = await decode_body(await request.body(), engine.limits)
-        counted = await engine.count_input_tokens(data, history=history_for(engine, tenant))
+        counted = await engine.count_input_tokens(data, tenant=tenant, history=history_for(engine, tenant))
     return JSONResponse({"object": "response.input_tokens", "input_tokens": counted})

@@ -136,6 +136,18 @@ def test_a_streamed_answer_appears_as_its_items_and_events_do(page: Page, api: h
     assert payload["type"] == "response.created" and payload["response"]["id"] == response_id
 
 
+def test_a_refused_request_shows_the_spec_error_object_with_its_param(page: Page) -> None:
+    page.fill("#max-tokens", "1")
+    send(page, "Hello")
+    error = page.locator("#error .error-object")
+    expect(error).to_be_visible(timeout=DEADLINE_MS)
+    expect(error.locator(".param")).to_have_text("max_output_tokens")
+    body = json.loads(error.locator("pre").inner_text())
+    assert body["type"] == "invalid_request_error" and body["param"] == "max_output_tokens"
+    expect(page.locator(".msg.assistant")).to_have_count(0)
+    shot(page, "1b-error")
+
+
 def test_a_forced_call_is_answered_from_the_page_and_the_conversation_goes_on(page: Page, api: httpx.Client) -> None:
     page.select_option("#transport", "ws")
     page.select_option("#model", QWEN)

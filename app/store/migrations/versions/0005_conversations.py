@@ -24,6 +24,8 @@ def upgrade() -> None:
         sa.Column("metadata", sa.Text(), nullable=False),
         sa.Column("next_position", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.BigInteger(), nullable=False),
+        sa.Column("busy_response", sa.Text(), nullable=True),
+        sa.Column("busy_since", sa.BigInteger(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_conversations")),
     )
     op.create_table(

@@ -173,7 +173,7 @@ def test_a_turn_over_the_websocket_is_added_too(served: Served) -> None:
 
 
 def test_the_agents_sdk_keeps_its_session_in_a_conversation(served: Served) -> None:
-    from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
     from agents.memory import OpenAIConversationsSession
     from openai import AsyncOpenAI
 
@@ -182,8 +182,10 @@ def test_the_agents_sdk_keeps_its_session_in_a_conversation(served: Served) -> N
     async def two_turns() -> tuple[str, list[Any]]:
         client = AsyncOpenAI(base_url=f"{served.server.url}/v1", api_key=KEY, max_retries=0)
         session = OpenAIConversationsSession(openai_client=client)
-        agent = Agent(name="notes", instructions="Answer briefly.",
-                      model=OpenAIResponsesModel(model=SMOL, openai_client=client))
+        # greedy, so the small model's answers are the same every run (and end well before the budget)
+        agent = Agent(name="notes", instructions="Answer in one short sentence.",
+                      model=OpenAIResponsesModel(model=SMOL, openai_client=client),
+                      model_settings=ModelSettings(temperature=0, max_tokens=256))
         await Runner.run(agent, "Remember: my favourite colour is teal.", session=session)
         await Runner.run(agent, "What is my favourite colour?", session=session)
         items = await session.get_items()

@@ -58,6 +58,7 @@ from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
 from app.engine.items import stored_form
 from app.engine.limits import RequestLimits, check_counts
 from app.engine.live import LiveRuns
+from app.engine.mcp import McpLimits, check_mcp_tools
 from app.engine.models import ModelRouter
 from app.engine.run import Run
 from app.engine.sealing import Sealer
@@ -134,6 +135,7 @@ class Engine:
         file_limits: FileLimits = FileLimits(),
         limits: RequestLimits = RequestLimits(),
         tool_search: ToolSearchLimits = ToolSearchLimits(),
+        mcp: McpLimits = McpLimits(),
     ) -> None:
         """Everything the engine works with is given here, and never replaced: the
         response store (``None``: nothing is stored), the sealer of encrypted content
@@ -160,6 +162,8 @@ class Engine:
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
         self.tool_search = tool_search
         """What one server-run tool search may load, and how many one response may make."""
+        self.mcp = mcp
+        """The MCP servers that may be reached (none: MCP is off), and the calls' budgets."""
 
     async def _assemble(self, data: Any, history: HistorySource, *, tenant: str,
                         require_input: bool = True) -> Assembled:
@@ -201,6 +205,7 @@ class Engine:
         requested = body.model or self.router.default_model
         model, backend = self.router.resolve(requested)
         note_model(requested)
+        check_mcp_tools(body, self.mcp)
         for index, tool in enumerate(body.tools or []):
             if isinstance(tool, UnsupportedToolParam):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",

@@ -321,8 +321,9 @@ class StreamChecker:
         _require(item.done is None, "$.output_index", f"output_item.done for item {item.id!r} was already sent")
         _require(done is not None, "$.item", "output_item.done must carry the item")
         _check_identity(done, "$.item")
-        _require(done["status"] in ("completed", "incomplete"), "$.item.status",
-                 f"a done item must have status 'completed' or 'incomplete', not {done['status']!r}")
+        ends = _MCP_CALL_ENDS if done["type"] == "mcp_call" else ("completed", "incomplete")
+        _require(done["status"] in ends, "$.item.status",
+                 f"a done item must have status {' or '.join(map(repr, ends))}, not {done['status']!r}")
         _require(item.open_part() is None, "$.item", "output_item.done while a part of the item is still open")
         for name in ("id", "type", "role", "call_id", "name"):
             if name in item.added:
@@ -475,6 +476,10 @@ def check_sse_chunks(chunks: Iterable[bytes], *, validate_schemas: bool = True,
 def check_sse_body(raw: bytes, *, validate_schemas: bool = True) -> dict[str, Any]:
     """Check a complete ``text/event-stream`` body and return the final ``ResponseResource``."""
     return check_sse_chunks([raw], validate_schemas=validate_schemas)
+
+
+_MCP_CALL_ENDS = ("completed", "incomplete", "failed")
+"""OpenAI's ``mcp_call`` (a superset item) ends ``failed`` when the tool failed."""
 
 
 def _check_identity(item: dict[str, Any], path: str) -> None:

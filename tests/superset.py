@@ -1,6 +1,7 @@
 """Schemas of OpenAI superset items this server makes, for judging them by every other
 rule of the spec (``compliance.with_items``): the tool search items, in the shape OpenAI
-documents (``call_id`` may be null; ``created_by`` is never written here)."""
+documents (``call_id`` may be null; ``created_by`` is never written here); and the remote
+MCP items (``mcp_list_tools``, ``mcp_call``, ``mcp_approval_request``) in OpenAI's shapes."""
 
 from __future__ import annotations
 
@@ -36,3 +37,46 @@ TOOL_SEARCH_ITEMS: dict[str, dict[str, Any]] = {
 def tool_search_spec() -> Spec:
     """The vendored spec with the tool search items in its item union."""
     return with_items(load_spec(), TOOL_SEARCH_ITEMS)
+
+
+_TEXT_OR_NULL = {"type": ["string", "null"]}
+
+MCP_ITEMS: dict[str, dict[str, Any]] = {
+    "McpListTools": {
+        "type": "object",
+        "properties": {"type": {"enum": ["mcp_list_tools"]}, "id": {"type": "string"},
+                       "server_label": {"type": "string"}, "error": _TEXT_OR_NULL,
+                       "tools": {"type": "array", "items": {
+                           "type": "object",
+                           "properties": {"name": {"type": "string"}, "description": _TEXT_OR_NULL,
+                                          "input_schema": {"type": "object"},
+                                          "annotations": {"type": ["object", "null"]}},
+                           "required": ["name", "input_schema"], "additionalProperties": False}},
+                       "status": _STATUS},
+        "required": ["type", "id", "server_label", "tools", "status"],
+        "additionalProperties": False,
+    },
+    "McpCall": {
+        "type": "object",
+        "properties": {"type": {"enum": ["mcp_call"]}, "id": {"type": "string"}, "server_label": {"type": "string"},
+                       "name": {"type": "string"}, "arguments": {"type": "string"}, "output": _TEXT_OR_NULL,
+                       "error": _TEXT_OR_NULL, "approval_request_id": _TEXT_OR_NULL,
+                       "status": {"enum": ["in_progress", "completed", "incomplete", "calling", "failed"]}},
+        "required": ["type", "id", "server_label", "name", "arguments", "status"],
+        "additionalProperties": False,
+    },
+    "McpApprovalRequest": {
+        "type": "object",
+        "properties": {"type": {"enum": ["mcp_approval_request"]}, "id": {"type": "string"},
+                       "server_label": {"type": "string"}, "name": {"type": "string"},
+                       "arguments": {"type": "string"}, "status": _STATUS},
+        "required": ["type", "id", "server_label", "name", "arguments", "status"],
+        "additionalProperties": False,
+    },
+}
+
+
+@functools.cache
+def mcp_spec() -> Spec:
+    """The vendored spec with the remote MCP items in its item union."""
+    return with_items(load_spec(), MCP_ITEMS)

@@ -10,6 +10,8 @@ sampling and tool settings; a message's images and files are its ``parts``, see
     ToolSearchCallDelta, ToolSearchOutputDelta  a whole tool search and what it loaded
                      (the engine's hosted search makes them; so does an upstream that
                      hosts tool search itself, ``Backend.hosts_tool_search``)
+    McpListToolsDelta, McpCallDelta, McpApprovalRequestDelta  a whole MCP item (only
+                     the engine's MCP loop makes them, never a model backend)
     CompactionDelta  a whole compaction item's sealed content (only a compaction turn
                      makes it: the engine's, from a model's summary; never a model backend)
     Finish           exactly once, last: why generation stopped, and token usage
@@ -278,6 +280,47 @@ class CompactionDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class McpTool:
+    """A tool an MCP server listed."""
+
+    name: str
+    description: str | None
+    input_schema: dict[str, Any]
+    annotations: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class McpListToolsDelta:
+    """A server's tools as listed (``mcp_list_tools``), or why they could not be."""
+
+    server_label: str
+    tools: tuple[McpTool, ...]
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class McpCallDelta:
+    """A call of an MCP tool made by the server (``mcp_call``), and how it ended."""
+
+    server_label: str
+    name: str
+    arguments: str
+    output: str | None
+    error: str | None = None
+    approval_request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class McpApprovalRequestDelta:
+    """A call of an MCP tool that waits for the client's approval (``mcp_approval_request``)."""
+
+    item_id: str
+    server_label: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
@@ -292,7 +335,7 @@ class Finish:
 
 
 Delta = (TextDelta | ReasoningDelta | ToolCallDelta | ToolSearchCallDelta | ToolSearchOutputDelta | CompactionDelta
-         | Finish)
+         | McpListToolsDelta | McpCallDelta | McpApprovalRequestDelta | Finish)
 
 
 class Backend(abc.ABC):

@@ -27,6 +27,7 @@ from app.backends.base import (
 from app.engine.compaction import compaction_context
 from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History
+from app.engine.mcp_loop import McpSetup
 from app.engine.sealing import Sealer, SealError
 from app.engine.tool_search import ToolSurface
 from app.errors import InvalidRequest
@@ -68,6 +69,8 @@ class Assembled:
     prompt), tool search included (:mod:`app.engine.tool_search`)."""
     conversation: str | None = None
     """The conversation the response continues (:mod:`app.engine.conversation_turns`)."""
+    mcp: McpSetup | None = None
+    """The request's MCP tools (:mod:`app.engine.mcp_loop`); ``None`` without one."""
 
 
 class Opener:

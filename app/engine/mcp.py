@@ -14,9 +14,12 @@ What happens at run time (listing, calling, approvals) is :mod:`app.engine.mcp_l
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from app.backends.base import McpTool
 from app.errors import InvalidRequest
+from app.protocol.mcp import McpApprovalRequestParam, McpApprovalResponseParam, McpListToolsParam
 from app.protocol.responses import CreateResponseBody
 from app.protocol.tools import McpToolParam
 from app.url_roots import AllowList, UrlRoot
@@ -67,3 +70,45 @@ def check_mcp_tools(body: CreateResponseBody, limits: McpLimits) -> list[McpTool
         labels.add(tool.server_label)
         found.append(tool)
     return found
+
+
+def mcp_result_text(output: str | None, error: str | None) -> str:
+    """What the model reads of a call: its output, or why it failed."""
+    if error is not None:
+        return f"The MCP tool call failed: {error}" + (f"\n{output}" if output else "")
+    return output or ""
+
+
+def chain_listings(items: Iterable[object]) -> dict[str, tuple[McpTool, ...]]:
+    """The tools each server listed in the conversation (its last listing without an
+    error, by ``server_label``), reused rather than listed again."""
+    listed: dict[str, tuple[McpTool, ...]] = {}
+    for item in items:
+        if isinstance(item, McpListToolsParam) and item.error is None:
+            listed[item.server_label] = tuple(
+                McpTool(tool.name, tool.description, tool.input_schema, tool.annotations) for tool in item.tools)
+    return listed
+
+
+def approvals_of(past: Iterable[object], new: Sequence[object],
+                 tools: Sequence[McpToolParam]) -> list[tuple[McpApprovalRequestParam, McpApprovalResponseParam]]:
+    """The new ``mcp_approval_response`` items, each with the request it answers (a 400
+    on its ``approval_request_id`` for a request the conversation does not hold, or of
+    a server not in this request's tools)."""
+    asked = {item.id: item for item in past if isinstance(item, McpApprovalRequestParam)}
+    asked.update((item.id, item) for item in new if isinstance(item, McpApprovalRequestParam))
+    labels = {tool.server_label for tool in tools}
+    pairs = []
+    for index, item in enumerate(new):
+        if not isinstance(item, McpApprovalResponseParam):
+            continue
+        request = asked.get(item.approval_request_id)
+        if request is None:
+            raise InvalidRequest(f"No mcp_approval_request {item.approval_request_id!r} in this conversation.",
+                                 code="invalid_value", param=f"input[{index}].approval_request_id")
+        if request.server_label not in labels:
+            raise InvalidRequest(f"The approved call is of the MCP server {request.server_label!r}, which is not "
+                                 "in this request's tools.", code="invalid_value",
+                                 param=f"input[{index}].approval_request_id")
+        pairs.append((request, item))
+    return pairs

@@ -23,6 +23,7 @@ from typing import Any
 from app.backends.base import TokenLogprob, ToolCallDelta, ToolSearchCallDelta, ToolSearchOutputDelta
 from app.backends.base import Usage as BackendUsage
 from app.engine import ids
+from app.engine.mcp_items import McpDelta, mcp_items
 from app.engine.tool_search import loadable
 from app.protocol.content import LogProb, OutputText, ReasoningText, StreamablePart, TopLogProb
 from app.protocol.events import (
@@ -293,6 +294,16 @@ class OutputItems:
             fields = {"id": ids.tool_search_output_id(), "call_id": delta.call_id, "execution": delta.execution}
             added = ToolSearchOutput(**fields, tools=[], status=ItemStatus.IN_PROGRESS)
             final = ToolSearchOutput(**fields, tools=loadable(found), status=ItemStatus.COMPLETED)
+        if self._events.emits:
+            self._events.add(OutputItemAdded, output_index=output_index, item=added)
+        self.closed.append(final)
+        self._events.add(OutputItemDone, output_index=output_index, item=final)
+
+    def mcp(self, delta: McpDelta) -> None:
+        """A whole MCP item (closing the open item first), :func:`~app.engine.mcp_items.mcp_items`."""
+        self.close_open(ItemStatus.COMPLETED)
+        output_index = len(self.closed)
+        added, final = mcp_items(delta)
         if self._events.emits:
             self._events.add(OutputItemAdded, output_index=output_index, item=added)
         self.closed.append(final)

@@ -43,6 +43,8 @@ from app.backends.base import (
     Delta,
     Finish,
     GenerationRequest,
+    McpApprovalRequestDelta,
+    McpCallDelta,
     ToolCallDelta,
     ToolPolicy,
     ToolSearchCallDelta,
@@ -105,6 +107,11 @@ class ToolCallGuard:
                 self._load(delta.names)
             elif delta.execution == "client":
                 self.released += 1
+            ready.append(delta)
+            return ready
+        if isinstance(delta, McpCallDelta | McpApprovalRequestDelta):  # a call made or asked for: it counts
+            ready = self._release()
+            self.released += 1
             ready.append(delta)
             return ready
         if isinstance(delta, Finish):

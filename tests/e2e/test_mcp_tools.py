@@ -6,20 +6,50 @@ response and event is judged by the vendored spec with the MCP items added
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app.backends.base import Delta, Finish, GenerationRequest, TextDelta, ToolCallDelta, Usage
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
-from tests.client import Client
+from tests.client import Client, output_text
 from tests.live import LiveServer
 from tests.mcp_server import McpServers
+from tests.superset import mcp_spec
 
-SCRIPTED = ScriptedBackend({"scripted-mcp-text": ["Hello."]})
+SECRET = "s3cr3t-token-of-the-test"
+
+
+def caller(request: GenerationRequest) -> list[Delta]:
+    """Answers a tool message with its text; else calls what the last user message
+    names (``call NAME ARGS``, several joined by `` ; ``), or says it has nothing to do."""
+    last = request.messages[-1]
+    if last.role == "tool":
+        return [TextDelta(f"The tool said: {last.content}"), Finish("stop", Usage(5, 3))]
+    said = next(m.content for m in reversed(request.messages) if m.role == "user")
+    assert isinstance(said, str)
+    if not said.startswith("call "):
+        return [TextDelta("Nothing to call."), Finish("stop", Usage(3, 2))]
+    calls: list[Delta] = []
+    for index, part in enumerate(said.split(" ; ")):
+        _, name, arguments = part.split(" ", 2)
+        calls.append(ToolCallDelta(index, name=name, arguments=arguments))
+    return [*calls, Finish("tool_calls", Usage(7, 5))]
+
+
+def looper(request: GenerationRequest) -> list[Delta]:
+    """Calls ``calc__add`` again after every result."""
+    return [ToolCallDelta(0, name="calc__add", arguments='{"a": 1, "b": 1}'), Finish("tool_calls")]
+
+
+SCRIPTED = ScriptedBackend({"scripted-mcp-text": ["Hello."], "scripted-mcp-caller": caller,
+                            "scripted-mcp-looper": looper})
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +113,165 @@ def test_a_url_with_credentials_is_refused(closed_server: LiveServer, tmp_path: 
     finally:
         server.stop()
     assert error["param"] == "tools[0].server_url"
+
+
+# ---------------------------------------------------------------- calls run here
+
+
+@pytest.fixture(scope="module")
+def mcp_server(tmp_path_factory: pytest.TempPathFactory, mcp_servers: McpServers) -> Iterator[LiveServer]:
+    server = _serve(tmp_path_factory.mktemp("mcp-on"), mcp_allowed_urls="127.0.0.1", mcp_max_calls=3,
+                    mcp_max_output_bytes=256)
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def client(mcp_server: LiveServer) -> Iterator[Client]:
+    with Client(mcp_server.url, spec=mcp_spec()) as client:
+        yield client
+
+
+def _of(response: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [item for item in response["output"] if item["type"] == kind]
+
+
+@pytest.mark.parametrize("transport", ["http", "sse"])
+def test_a_call_is_run_and_its_output_given_back_to_the_model(client: Client, mcp_servers: McpServers,
+                                                              transport: str) -> None:
+    url = mcp_servers.http_url if transport == "http" else mcp_servers.sse_url
+    response = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 2, "b": 3}',
+                             tools=[_tool(url, require_approval="never")])
+    listing, call, message = response["output"]
+    assert listing["type"] == "mcp_list_tools" and listing["server_label"] == "calc"
+    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "broken"}
+    add = next(tool for tool in listing["tools"] if tool["name"] == "add")
+    assert add["input_schema"]["properties"].keys() == {"a", "b"}
+    assert (call["type"], call["name"], call["arguments"], call["output"], call["error"], call["status"]) == (
+        "mcp_call", "add", '{"a": 2, "b": 3}', "5", None, "completed")
+    assert output_text(response) == "The tool said: 5"
+    first, second = SCRIPTED.requests[-2:]
+    assert "calc__add" in {tool.name for tool in first.tools}
+    assert second.messages[-1].role == "tool" and second.messages[-1].content == "5"
+    assert second.messages[-2].tool_calls[0].name == "calc__add"
+    assert response["usage"]["output_tokens"] == 8  # both rounds
+
+
+def test_the_stream_carries_the_items_in_order(client: Client, mcp_servers: McpServers) -> None:
+    result = client.stream(model="scripted-mcp-caller", input='call calc__lookup {"word": "ors"}',
+                           tools=[_tool(mcp_servers.http_url, require_approval="never")])
+    added = [event["item"]["type"] for event in result.events if event["type"] == "response.output_item.added"]
+    assert added == ["mcp_list_tools", "mcp_call", "message"]
+    call = _of(result.final, "mcp_call")[0]
+    assert call["output"] == "an Open Responses server"
+    assert result.types()[-1] == "response.completed"
+
+
+def test_a_failing_tool_is_a_failed_call_and_the_model_still_answers(client: Client,
+                                                                      mcp_servers: McpServers) -> None:
+    response = client.create(model="scripted-mcp-caller", input="call calc__broken {}",
+                             tools=[_tool(mcp_servers.http_url, require_approval="never")])
+    [call] = _of(response, "mcp_call")
+    assert call["status"] == "failed" and call["output"] is None and "broken" in call["error"]
+    assert output_text(response).startswith("The tool said: The MCP tool call failed")
+
+
+def test_allowed_tools_filters_what_the_model_sees(client: Client, mcp_servers: McpServers) -> None:
+    client.create(model="scripted-mcp-caller", input="hello",
+                  tools=[_tool(mcp_servers.http_url, allowed_tools=["lookup"])])
+    assert [tool.name for tool in SCRIPTED.requests[-1].tools] == ["calc__lookup"]
+    client.create(model="scripted-mcp-caller", input="hello",
+                  tools=[_tool(mcp_servers.http_url, allowed_tools={"tool_names": ["add"]})])
+    assert [tool.name for tool in SCRIPTED.requests[-1].tools] == ["calc__add"]
+
+
+def test_a_listing_is_reused_across_a_chain(client: Client, mcp_servers: McpServers) -> None:
+    tools = [_tool(mcp_servers.http_url, require_approval="never")]
+    first = client.create(model="scripted-mcp-caller", input="hello", tools=tools)
+    assert len(_of(first, "mcp_list_tools")) == 1
+    lists = mcp_servers.lists()
+    second = client.create(model="scripted-mcp-caller", input="hello again", tools=tools,
+                           previous_response_id=first["id"])
+    assert _of(second, "mcp_list_tools") == [] and mcp_servers.lists() == lists  # the server was not asked
+    assert "calc__add" in {tool.name for tool in SCRIPTED.requests[-1].tools}  # the tools were offered all the same
+    third = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 1, "b": 2}', tools=tools,
+                          previous_response_id=second["id"])
+    assert _of(third, "mcp_list_tools") == [] and _of(third, "mcp_call")[0]["output"] == "3"
+    fourth = client.create(model="scripted-mcp-caller", input="hello", tools=tools, previous_response_id=third["id"])
+    assert output_text(fourth) == "Nothing to call."
+    replayed = [call for message in SCRIPTED.requests[-1].messages for call in message.tool_calls]
+    assert [call.name for call in replayed] == ["calc__add"]  # the call is in the model's context
+
+
+def test_approval_by_default_then_approved_then_run(client: Client, mcp_servers: McpServers) -> None:
+    tools = [_tool(mcp_servers.http_url)]  # require_approval defaults to "always"
+    calls = mcp_servers.http.methods["tools/call"]
+    first = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 20, "b": 22}', tools=tools)
+    [request] = _of(first, "mcp_approval_request")
+    assert (request["name"], request["arguments"]) == ("add", '{"a": 20, "b": 22}')
+    assert _of(first, "mcp_call") == [] and mcp_servers.http.methods["tools/call"] == calls
+    second = client.create(model="scripted-mcp-caller", tools=tools, previous_response_id=first["id"],
+                           input=[{"type": "mcp_approval_response", "approval_request_id": request["id"],
+                                   "approve": True}])
+    [call] = _of(second, "mcp_call")
+    assert (call["output"], call["approval_request_id"]) == ("42", request["id"])
+    assert output_text(second) == "The tool said: 42"
+
+
+def test_a_refusal_is_told_to_the_model(client: Client, mcp_servers: McpServers) -> None:
+    tools = [_tool(mcp_servers.http_url, require_approval={"never": {"tool_names": ["lookup"]}})]
+    first = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 1, "b": 1}', tools=tools)
+    [request] = _of(first, "mcp_approval_request")
+    second = client.create(model="scripted-mcp-caller", tools=tools, previous_response_id=first["id"],
+                           input=[{"type": "mcp_approval_response", "approval_request_id": request["id"],
+                                   "approve": False, "reason": "not today"}])
+    assert _of(second, "mcp_call") == []
+    assert output_text(second) == "The tool said: The user refused this call: not today"
+
+
+def test_an_unknown_approval_is_refused_with_its_param(client: Client, mcp_servers: McpServers) -> None:
+    error = client.error({"model": "scripted-mcp-caller", "tools": [_tool(mcp_servers.http_url)],
+                          "input": [{"role": "user", "content": "hi"},
+                                    {"type": "mcp_approval_response", "approval_request_id": "mcpr_nope",
+                                     "approve": True}]}, 400)
+    assert error["param"] == "input[1].approval_request_id"
+
+
+def test_calls_stop_at_the_budget(client: Client, mcp_servers: McpServers) -> None:
+    response = client.create(model="scripted-mcp-looper", input="loop",
+                             tools=[_tool(mcp_servers.http_url, require_approval="never")])
+    assert len(_of(response, "mcp_call")) == 3  # mcp_max_calls
+    assert response["status"] == "completed"
+
+
+def test_an_unreachable_server_is_a_failed_listing(client: Client) -> None:
+    response = client.create(model="scripted-mcp-caller", input="hello",
+                             tools=[_tool("http://127.0.0.1:9/mcp", require_approval="never")])
+    [listing] = _of(response, "mcp_list_tools")
+    assert listing["tools"] == [] and "could not be reached" in listing["error"]
+    assert output_text(response) == "Nothing to call."
+
+
+def test_secrets_go_to_the_server_only_never_stored_nor_logged(tmp_path: Path, mcp_servers: McpServers,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    server = _serve(tmp_path, mcp_allowed_urls=f"http://127.0.0.1:{mcp_servers.ports[0]}/mcp", log_level="debug")
+    tool = _tool(mcp_servers.http_url, require_approval="never", authorization=SECRET,
+                 headers={"X-Api-Key": f"key-{SECRET}"})
+    try:
+        with Client(server.url, spec=mcp_spec()) as client:
+            first = client.stream(model="scripted-mcp-caller", input='call calc__add {"a": 2, "b": 2}', tools=[tool])
+            assert _of(first.final, "mcp_call")[0]["output"] == "4"
+            second = client.create(model="scripted-mcp-caller", input="hello", tools=[tool],
+                                   previous_response_id=first.final["id"])
+            kept = client.http.get(f"/v1/responses/{first.final['id']}").text
+    finally:
+        server.stop()
+    assert SECRET not in first.raw.decode() and SECRET not in json.dumps(second) and SECRET not in kept
+    sent = [headers for headers in mcp_servers.http.headers if headers.get("authorization") == f"Bearer {SECRET}"]
+    assert sent and all(headers.get("x-api-key") == f"key-{SECRET}" for headers in sent)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes(), path.name
+    assert any(record.name.startswith("ors") for record in caplog.records)  # the server's log is seen
+    assert SECRET not in caplog.text

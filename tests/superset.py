@@ -76,7 +76,26 @@ MCP_ITEMS: dict[str, dict[str, Any]] = {
 }
 
 
+def _item_event(kind: str, **more: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object",
+            "properties": {"type": {"enum": [kind]}, "sequence_number": {"type": "integer"},
+                           "item_id": {"type": "string"}, "output_index": {"type": "integer"}, **more},
+            "required": ["type", "sequence_number", "item_id", "output_index", *more],
+            "additionalProperties": False}
+
+
+MCP_EVENTS: dict[str, dict[str, Any]] = {
+    **{f"McpListTools{step.title().replace('_', '')}Event": _item_event(f"response.mcp_list_tools.{step}")
+       for step in ("in_progress", "completed", "failed")},
+    **{f"McpCall{step.title().replace('_', '')}Event": _item_event(f"response.mcp_call.{step}")
+       for step in ("in_progress", "completed", "failed")},
+    "McpCallArgumentsDeltaEvent": _item_event("response.mcp_call_arguments.delta", delta={"type": "string"}),
+    "McpCallArgumentsDoneEvent": _item_event("response.mcp_call_arguments.done", arguments={"type": "string"}),
+}
+
+
 @functools.cache
 def mcp_spec() -> Spec:
-    """The vendored spec with the remote MCP items in its item union."""
-    return with_items(load_spec(), MCP_ITEMS)
+    """The vendored spec with the remote MCP items in its item union and their events in
+    its streaming union."""
+    return with_items(load_spec(), MCP_ITEMS, MCP_EVENTS)

@@ -300,14 +300,16 @@ class McpListToolsDelta:
 
 @dataclass(frozen=True, slots=True)
 class McpCallDelta:
-    """A call of an MCP tool made by the server (``mcp_call``), and how it ended."""
+    """A call of an MCP tool made by the server (``mcp_call``): ``running`` as it is
+    made, then again with how it ended (``output``, or ``error``)."""
 
     server_label: str
     name: str
     arguments: str
-    output: str | None
+    output: str | None = None
     error: str | None = None
     approval_request_id: str | None = None
+    running: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,8 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
         call = ToolCall(asked.id, qualified_name(asked.server_label, asked.name), asked.arguments or "{}")
         if approval.approve and calls < setup.limits.max_calls:
             server = next((t for t in setup.tools if t.server_label == asked.server_label), None)
+            yield McpCallDelta(asked.server_label, asked.name, asked.arguments, approval_request_id=asked.id,
+                               running=True)
             result = await _call(server, asked.name, asked.arguments, setup.limits, asked.id)
             calls += 1
             yield result
@@ -178,6 +180,7 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
                             request.model, calls)
                 continue
             call_id = pieces[0].call_id or ids.call_id()
+            yield McpCallDelta(function.tool.server_label, function.name, arguments, running=True)
             result = await _call(function.tool, function.name, arguments, setup.limits)
             calls += 1
             yield result

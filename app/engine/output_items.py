@@ -23,7 +23,7 @@ from typing import Any
 from app.backends.base import TokenLogprob, ToolCallDelta, ToolSearchCallDelta, ToolSearchOutputDelta
 from app.backends.base import Usage as BackendUsage
 from app.engine import ids
-from app.engine.mcp_items import McpDelta, mcp_items
+from app.engine.mcp_items import McpDelta, McpItems
 from app.engine.tool_search import loadable
 from app.protocol.content import LogProb, OutputText, ReasoningText, StreamablePart, TopLogProb
 from app.protocol.events import (
@@ -214,11 +214,12 @@ class OutputItems:
         """The closed items, in order (the open one is not included)."""
         self._open: OpenItem | None = None
         self._closed_tool_indexes: set[int] = set()
+        self._mcp = McpItems(events, self.closed)
 
     @property
     def empty(self) -> bool:
         """Whether no item was opened yet."""
-        return self._open is None and not self.closed
+        return self._open is None and not self.closed and not self._mcp.open
 
     def text(self, kind: ItemType, delta_event: type[OutputTextDelta] | type[ReasoningDelta], text: str,
              logprobs: Sequence[TokenLogprob] | None = None) -> None:
@@ -300,14 +301,10 @@ class OutputItems:
         self._events.add(OutputItemDone, output_index=output_index, item=final)
 
     def mcp(self, delta: McpDelta) -> None:
-        """A whole MCP item (closing the open item first), :func:`~app.engine.mcp_items.mcp_items`."""
-        self.close_open(ItemStatus.COMPLETED)
-        output_index = len(self.closed)
-        added, final = mcp_items(delta)
-        if self._events.emits:
-            self._events.add(OutputItemAdded, output_index=output_index, item=added)
-        self.closed.append(final)
-        self._events.add(OutputItemDone, output_index=output_index, item=final)
+        """An MCP item's step (closing the open item first): :class:`~app.engine.mcp_items.McpItems`."""
+        if not self._mcp.open:
+            self.close_open(ItemStatus.COMPLETED)
+        self._mcp.feed(delta)
 
     def open_text(self, kind: ItemType) -> OpenItem:
         """Open a message or a reasoning item: ``output_item.added``, ``content_part.added``."""
@@ -338,6 +335,7 @@ class OutputItems:
 
     def close_open(self, status: ItemStatus) -> None:
         """Close the open item, if any, with ``status``: its ``*.done`` events."""
+        self._mcp.close()
         item = self._open
         if item is None:
             return
@@ -370,7 +368,7 @@ class OutputItems:
         """The open item as an ``incomplete`` wire item, without events (none if none is open)."""
         item = self._open
         if item is None:
-            return []
+            return self._mcp.abandon()
         self._open = None
         if item.kind is ItemType.MESSAGE:
             return [message(item, output_text(item, logprobs=self._logprobs), ItemStatus.INCOMPLETE)]

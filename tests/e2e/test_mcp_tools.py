@@ -162,6 +162,17 @@ def test_the_stream_carries_the_items_in_order(client: Client, mcp_servers: McpS
                            tools=[_tool(mcp_servers.http_url, require_approval="never")])
     added = [event["item"]["type"] for event in result.events if event["type"] == "response.output_item.added"]
     assert added == ["mcp_list_tools", "mcp_call", "message"]
+    types = result.types()
+    listing = types[types.index("response.output_item.added"):types.index("response.output_item.done") + 1]
+    assert listing == ["response.output_item.added", "response.mcp_list_tools.in_progress",
+                       "response.mcp_list_tools.completed", "response.output_item.done"]
+    start = types.index("response.mcp_call_arguments.delta") - 1
+    assert types[start:start + 7] == [
+        "response.output_item.added", "response.mcp_call_arguments.delta", "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress", "response.mcp_call.completed", "response.output_item.done",
+        "response.output_item.added"]
+    arguments = next(event for event in result.events if event["type"] == "response.mcp_call_arguments.done")
+    assert arguments["arguments"] == '{"word": "ors"}'
     call = _of(result.final, "mcp_call")[0]
     assert call["output"] == "an Open Responses server"
     assert result.types()[-1] == "response.completed"
@@ -174,6 +185,11 @@ def test_a_failing_tool_is_a_failed_call_and_the_model_still_answers(client: Cli
     [call] = _of(response, "mcp_call")
     assert call["status"] == "failed" and call["output"] is None and "broken" in call["error"]
     assert output_text(response).startswith("The tool said: The MCP tool call failed")
+    streamed = client.stream(model="scripted-mcp-caller", input="call calc__broken {}",
+                             tools=[_tool(mcp_servers.sse_url, require_approval="never")])
+    assert "response.mcp_call.failed" in streamed.types() and "response.mcp_call.completed" not in streamed.types()
+    assert _of(streamed.final, "mcp_call")[0]["status"] == "failed"
+    assert streamed.final["status"] == "completed"
 
 
 def test_allowed_tools_filters_what_the_model_sees(client: Client, mcp_servers: McpServers) -> None:
@@ -206,8 +222,10 @@ def test_a_listing_is_reused_across_a_chain(client: Client, mcp_servers: McpServ
 def test_approval_by_default_then_approved_then_run(client: Client, mcp_servers: McpServers) -> None:
     tools = [_tool(mcp_servers.http_url)]  # require_approval defaults to "always"
     calls = mcp_servers.http.methods["tools/call"]
-    first = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 20, "b": 22}', tools=tools)
+    streamed = client.stream(model="scripted-mcp-caller", input='call calc__add {"a": 20, "b": 22}', tools=tools)
+    first = streamed.final
     [request] = _of(first, "mcp_approval_request")
+    assert first["status"] == "completed" and first["output"][-1]["type"] == "mcp_approval_request"
     assert (request["name"], request["arguments"]) == ("add", '{"a": 20, "b": 22}')
     assert _of(first, "mcp_call") == [] and mcp_servers.http.methods["tools/call"] == calls
     second = client.create(model="scripted-mcp-caller", tools=tools, previous_response_id=first["id"],
@@ -250,6 +268,9 @@ def test_an_unreachable_server_is_a_failed_listing(client: Client) -> None:
     [listing] = _of(response, "mcp_list_tools")
     assert listing["tools"] == [] and "could not be reached" in listing["error"]
     assert output_text(response) == "Nothing to call."
+    streamed = client.stream(model="scripted-mcp-caller", input="hello",
+                             tools=[_tool("http://127.0.0.1:9/mcp", require_approval="never")])
+    assert "response.mcp_list_tools.failed" in streamed.types()
 
 
 def test_secrets_go_to_the_server_only_never_stored_nor_logged(tmp_path: Path, mcp_servers: McpServers,

@@ -1,5 +1,5 @@
-"""A real MCP server for end-to-end tests: the SDK's ``MCPServer`` with three tools
-(``add``, ``lookup``, ``broken``, which raises), served by uvicorn on 127.0.0.1, a free
+"""A real MCP server for end-to-end tests: the SDK's ``MCPServer`` with four tools
+(``add``, ``lookup``, ``repeat``, ``broken``, which raises), served by uvicorn on 127.0.0.1, a free
 port, both as streamable HTTP (``/mcp``) and as SSE (``/sse``, a port of its own).
 It counts the JSON-RPC methods it is asked for and keeps the headers it was sent."""
 
@@ -29,6 +29,11 @@ def make_server() -> MCPServer:
     def lookup(word: str) -> str:
         """Look a word up."""
         return WORDS.get(word.lower(), "unknown word")
+
+    @server.tool()
+    def repeat(word: str, times: int) -> str:
+        """Repeat a word."""
+        return word * times
 
     @server.tool()
     def broken() -> str:

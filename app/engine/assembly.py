@@ -39,7 +39,7 @@ from app.protocol.items import (
     UserMessageParam,
 )
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
-from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, McpToolParam, SpecificFunctionParam
 from app.schemas import SchemaLimits, compile_schema
 
 log = logging.getLogger("ors.engine")
@@ -158,10 +158,10 @@ def tool_policy(body: CreateResponseBody, names: set[str] | None = None) -> Tool
         _require_tools(names, allowed, "tool_choice.tools")
         return ToolPolicy(mode=choice.mode, allowed=allowed, parallel=parallel, max_calls=body.max_tool_calls)
     mode = choice or "auto"
-    if mode == "required" and not names:
+    if mode == "required" and not names and not any(isinstance(tool, McpToolParam) for tool in body.tools or ()):
         given = [f"'{tool.type}'" for tool in body.tools or ()]
         reason = (f"none of the tools given ({', '.join(given)}) can be offered to the model: this server runs "
-                  "function tools, namespace tools and custom tools") if given else "no tools were given"
+                  "function tools, namespace tools, custom tools and MCP tools") if given else "no tools were given"
         raise InvalidRequest(f"tool_choice is 'required' but {reason}.", code="invalid_value", param="tool_choice")
     if mode == "auto" and parallel and body.max_tool_calls is None:
         return _AUTO

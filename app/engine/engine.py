@@ -286,7 +286,9 @@ class Engine:
                                          max_output_tokens=body.max_output_tokens)
             request = generation_request(body, assembled.model, messages, assembled.tools, assembled.surface)
         if generate:
-            await backend.check(request)
+            # MCP tools are listed when the run starts: a call required of them is checked then
+            await backend.check(request if assembled.mcp is None or request.tools else dataclasses.replace(
+                request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto")))
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
             status=ResponseStatus.QUEUED if body.background else ResponseStatus.IN_PROGRESS,

@@ -115,6 +115,8 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
                 functions[name] = _Function(tool, found.name)
                 specs.append(ToolSpec(name, found.description, found.input_schema or {"type": "object"}))
     request = dataclasses.replace(request, tools=(*request.tools, *specs))
+    if not request.tools and request.tool_policy.mode == "required":  # no server listed a tool to call
+        request = dataclasses.replace(request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto"))
     calls = 0
     done: list[ChatMessage] = []
     for approval in setup.approvals:

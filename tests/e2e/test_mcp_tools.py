@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from app.backends.base import Delta, Finish, GenerationRequest, TextDelta, ToolCallDelta, Usage
+from app.backends.local import LocalBackend
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
 from tests.client import Client, output_text
+from tests.conftest import QWEN
 from tests.live import LiveServer
 from tests.mcp_server import McpServers
 from tests.superset import mcp_spec
@@ -144,7 +146,7 @@ def test_a_call_is_run_and_its_output_given_back_to_the_model(client: Client, mc
                              tools=[_tool(url, require_approval="never")])
     listing, call, message = response["output"]
     assert listing["type"] == "mcp_list_tools" and listing["server_label"] == "calc"
-    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "broken"}
+    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "broken"}
     add = next(tool for tool in listing["tools"] if tool["name"] == "add")
     assert add["input_schema"]["properties"].keys() == {"a", "b"}
     assert (call["type"], call["name"], call["arguments"], call["output"], call["error"], call["status"]) == (
@@ -262,6 +264,15 @@ def test_calls_stop_at_the_budget(client: Client, mcp_servers: McpServers) -> No
     assert response["status"] == "completed"
 
 
+def test_a_long_output_is_cut_with_a_note(client: Client, mcp_servers: McpServers) -> None:
+    response = client.create(model="scripted-mcp-caller", input='call calc__repeat {"word": "ab", "times": 500}',
+                             tools=[_tool(mcp_servers.http_url, require_approval="never")])
+    [call] = _of(response, "mcp_call")
+    assert call["output"].startswith("ab" * 128) and "ab" * 129 not in call["output"]  # mcp_max_output_bytes
+    assert "[output cut: 744 more bytes past the limit of 256]" in call["output"]
+    assert SCRIPTED.requests[-1].messages[-1].content == call["output"]
+
+
 def test_an_unreachable_server_is_a_failed_listing(client: Client) -> None:
     response = client.create(model="scripted-mcp-caller", input="hello",
                              tools=[_tool("http://127.0.0.1:9/mcp", require_approval="never")])
@@ -296,3 +307,31 @@ def test_secrets_go_to_the_server_only_never_stored_nor_logged(tmp_path: Path, m
             assert SECRET.encode() not in path.read_bytes(), path.name
     assert any(record.name.startswith("ors") for record in caplog.records)  # the server's log is seen
     assert SECRET not in caplog.text
+
+
+# ---------------------------------------------------------------- a real model
+
+
+def test_qwen_calls_the_real_servers_add_tool_through_ors(model_dir: Path, tmp_path: Path,
+                                                         mcp_servers: McpServers) -> None:
+    """Qwen, made to call a tool (``tool_choice: required``, one call, temperature 0), with the MCP
+    server's ``add`` the only tool it may see: ors lists it, Qwen calls it, ors runs the
+    call on the real server and gives Qwen the sum, and Qwen answers in the same response."""
+    settings = Settings(data_dir=tmp_path, default_model=QWEN, mcp_allowed_urls="127.0.0.1")
+    server = LiveServer(create_app(settings, backends=[LocalBackend(model_dir, n_threads=2, models=[QWEN])])).start()
+    calls = mcp_servers.http.methods["tools/call"]
+    try:
+        with Client(server.url, spec=mcp_spec()) as client:
+            result = client.stream(model=QWEN, input="Use the add tool to add 17 and 25.", temperature=0,
+                                   max_output_tokens=256, tool_choice="required", parallel_tool_calls=False,
+                                   tools=[_tool(mcp_servers.http_url, allowed_tools=["add"],
+                                                require_approval="never")])
+    finally:
+        server.stop()
+    final = result.final
+    [listing] = _of(final, "mcp_list_tools")
+    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "broken"}
+    call = _of(final, "mcp_call")[0]
+    assert (call["name"], call["status"], json.loads(call["arguments"])) == ("add", "completed", {"a": 17, "b": 25})
+    assert call["output"] == "42" and mcp_servers.http.methods["tools/call"] > calls
+    assert final["status"] == "completed" and final["output"][-1]["type"] == "message"

@@ -335,3 +335,20 @@ def test_qwen_calls_the_real_servers_add_tool_through_ors(model_dir: Path, tmp_p
     assert (call["name"], call["status"], json.loads(call["arguments"])) == ("add", "completed", {"a": 17, "b": 25})
     assert call["output"] == "42" and mcp_servers.http.methods["tools/call"] > calls
     assert final["status"] == "completed" and final["output"][-1]["type"] == "message"
+
+
+def test_items_sent_back_whole_work_as_a_chain_does(client: Client, mcp_servers: McpServers) -> None:
+    tools = [_tool(mcp_servers.http_url)]
+    asked = {"role": "user", "content": 'call calc__add {"a": 5, "b": 6}'}
+    first = client.create(model="scripted-mcp-caller", input=[asked], tools=tools, store=False)
+    [request] = _of(first, "mcp_approval_request")
+    lists = mcp_servers.lists()
+    answer = {"type": "mcp_approval_response", "approval_request_id": request["id"], "approve": True}
+    second = client.create(model="scripted-mcp-caller", tools=tools, input=[asked, *first["output"], answer])
+    assert _of(second, "mcp_list_tools") == []  # the listing sent back is reused
+    assert mcp_servers.lists() - lists <= 1  # the SDK's own listing before a call, at most
+    assert _of(second, "mcp_call")[0]["output"] == "11"
+    listed = client.http.get(f"/v1/responses/{second['id']}/input_items", params={"order": "asc"}).json()["data"]
+    assert [item["type"] for item in listed] == ["message", "mcp_list_tools", "mcp_approval_request",
+                                                 "mcp_approval_response"]
+    assert listed[-1]["id"].startswith("mcpa_") and listed[-1]["approve"] is True

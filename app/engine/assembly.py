@@ -39,7 +39,7 @@ from app.protocol.items import (
     UserMessageParam,
 )
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
-from app.protocol.tools import AllowedToolsParam, McpToolParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, McpToolChoiceParam, McpToolParam, SpecificFunctionParam
 from app.schemas import SchemaLimits, compile_schema
 
 log = logging.getLogger("ors.engine")
@@ -157,6 +157,8 @@ def tool_policy(body: CreateResponseBody, names: set[str] | None = None) -> Tool
         allowed = tuple(tool.name for tool in choice.tools)
         _require_tools(names, allowed, "tool_choice.tools")
         return ToolPolicy(mode=choice.mode, allowed=allowed, parallel=parallel, max_calls=body.max_tool_calls)
+    if isinstance(choice, McpToolChoiceParam):  # its functions are known once listed (app.engine.mcp_loop)
+        return ToolPolicy(mode="required", parallel=parallel, max_calls=body.max_tool_calls)
     mode = choice or "auto"
     if mode == "required" and not names and not any(isinstance(tool, McpToolParam) for tool in body.tools or ()):
         given = [f"'{tool.type}'" for tool in body.tools or ()]

@@ -72,7 +72,7 @@ from app.protocol.items import CompactionParam
 from app.protocol.mcp import McpApprovalResponseParam
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.protocol.states import ResponseStatus
-from app.protocol.tools import OfferedFunction, UnsupportedToolParam
+from app.protocol.tools import McpToolChoiceParam, OfferedFunction, UnsupportedToolParam
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.engine")
@@ -238,8 +238,10 @@ class Engine:
         mcp = None
         if mcp_tools or any(isinstance(item, McpApprovalResponseParam) for item in new_items):
             approvals = approvals_of(past.items, new_items, mcp_tools)
+            choice = body.tool_choice
             mcp = McpSetup(tuple(mcp_tools), self.mcp, chain_listings(itertools.chain(past.items, new_items)),
-                           tuple(Approval(request, answer.approve, answer.reason) for request, answer in approvals))
+                           tuple(Approval(request, answer.approve, answer.reason) for request, answer in approvals),
+                           (choice.server_label, choice.name) if isinstance(choice, McpToolChoiceParam) else None)
         return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
                          surface, conversation, mcp)
 
@@ -287,8 +289,8 @@ class Engine:
             request = generation_request(body, assembled.model, messages, assembled.tools, assembled.surface)
         if generate:
             # MCP tools are listed when the run starts: a call required of them is checked then
-            await backend.check(request if assembled.mcp is None or request.tools else dataclasses.replace(
-                request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto")))
+            await backend.check(request if assembled.mcp is None else dataclasses.replace(
+                request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto", allowed=None)))
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
             status=ResponseStatus.QUEUED if body.background else ResponseStatus.IN_PROGRESS,

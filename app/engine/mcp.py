@@ -21,7 +21,7 @@ from app.backends.base import McpTool
 from app.errors import InvalidRequest
 from app.protocol.mcp import McpApprovalRequestParam, McpApprovalResponseParam, McpListToolsParam
 from app.protocol.responses import CreateResponseBody
-from app.protocol.tools import McpToolParam
+from app.protocol.tools import McpToolChoiceParam, McpToolParam
 from app.url_roots import AllowList, UrlRoot
 
 DEFAULT_MAX_CALLS = 16
@@ -69,6 +69,10 @@ def check_mcp_tools(body: CreateResponseBody, limits: McpLimits) -> list[McpTool
                                  code="invalid_value", param=f"tools[{index}].server_label")
         labels.add(tool.server_label)
         found.append(tool)
+    choice = body.tool_choice
+    if isinstance(choice, McpToolChoiceParam) and choice.server_label not in labels:
+        raise InvalidRequest(f"tool_choice names the MCP server {choice.server_label!r}, which is not in 'tools'.",
+                             code="invalid_value", param="tool_choice.server_label")
     return found
 
 

@@ -19,7 +19,8 @@ response ends there. It also ends when a round calls the client's own tools as w
 (they go to the client; the MCP calls of that round are run first), when a round was
 cut short (``length``, ``content_filter``: nothing held is run), and when
 ``max_calls`` calls were made (a further one is not run, logged). ``tool_choice``
-``required`` holds for the first round only. One ``Finish`` ends it all, with every
+``required``, or ``{"type": "mcp", "server_label", "name"?}`` (one of that server's tools,
+or the one named), holds for the first round only. One ``Finish`` ends it all, with every
 round's usage added up; each round gets what is left of ``max_output_tokens``.
 """
 
@@ -79,6 +80,8 @@ class McpSetup:
     listed: Mapping[str, tuple[McpTool, ...]] = dataclasses.field(default_factory=dict)
     """Tools already listed in the conversation (its last ``mcp_list_tools`` per label)."""
     approvals: tuple[Approval, ...] = ()
+    choice: tuple[str, str | None] | None = None
+    """A ``tool_choice`` of type ``mcp``: the server's label, and the one tool it names."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,12 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
                 functions[name] = _Function(tool, found.name)
                 specs.append(ToolSpec(name, found.description, found.input_schema or {"type": "object"}))
     request = dataclasses.replace(request, tools=(*request.tools, *specs))
+    if setup.choice is not None:  # the model must call one of these (of this one) tools
+        label, only = setup.choice
+        chosen = tuple(name for name, function in functions.items()
+                       if function.tool.server_label == label and only in (None, function.name))
+        request = dataclasses.replace(request, tool_policy=dataclasses.replace(
+            request.tool_policy, allowed=chosen, mode="required" if chosen else "auto"))
     if not request.tools and request.tool_policy.mode == "required":  # no server listed a tool to call
         request = dataclasses.replace(request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto"))
     calls = 0

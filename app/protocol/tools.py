@@ -278,9 +278,19 @@ class AllowedToolsParam(ParamModel):
     mode: ToolChoiceMode = "auto"
 
 
+class McpToolChoiceParam(ParamModel):
+    """OpenAI's choice of an MCP server's tools (``name``: one of them): the model must
+    call one (echoed as ``required``: the spec's ``tool_choice`` has no such form). Not in
+    the spec."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
 ToolChoiceParam = (
     ToolChoiceMode
-    | Annotated[SpecificFunctionParam | AllowedToolsParam, Field(discriminator="type")]
+    | Annotated[SpecificFunctionParam | AllowedToolsParam | McpToolChoiceParam, Field(discriminator="type")]
 )
 
 # ---------------------------------------------------------------- fields (output)

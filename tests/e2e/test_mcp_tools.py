@@ -203,6 +203,25 @@ def test_allowed_tools_filters_what_the_model_sees(client: Client, mcp_servers: 
     assert [tool.name for tool in SCRIPTED.requests[-1].tools] == ["calc__add"]
 
 
+def test_a_tool_choice_of_an_mcp_server_requires_its_tools_for_the_first_round(client: Client,
+                                                                              mcp_servers: McpServers) -> None:
+    tools = [{"type": "function", "name": "local", "parameters": {"type": "object"}},
+             _tool(mcp_servers.http_url, require_approval="never")]
+    response = client.create(model="scripted-mcp-caller", input='call calc__add {"a": 1, "b": 1}', tools=tools,
+                             tool_choice={"type": "mcp", "server_label": "calc", "name": "add"})
+    assert response["tool_choice"] == "required"  # the spec's echo has no MCP choice
+    first, second = SCRIPTED.requests[-2:]
+    assert (first.tool_policy.mode, first.tool_policy.allowed) == ("required", ("calc__add",))
+    assert second.tool_policy.mode == "auto"
+    client.create(model="scripted-mcp-caller", input='call calc__lookup {"word": "mcp"}', tools=tools,
+                  tool_choice={"type": "mcp", "server_label": "calc"})
+    assert set(SCRIPTED.requests[-2].tool_policy.allowed or ()) == {
+        "calc__add", "calc__lookup", "calc__repeat", "calc__broken"}
+    error = client.error({"model": "scripted-mcp-caller", "input": "hi", "tools": tools,
+                          "tool_choice": {"type": "mcp", "server_label": "other"}}, 400)
+    assert error["param"] == "tool_choice.server_label"
+
+
 def test_a_listing_is_reused_across_a_chain(client: Client, mcp_servers: McpServers) -> None:
     tools = [_tool(mcp_servers.http_url, require_approval="never")]
     first = client.create(model="scripted-mcp-caller", input="hello", tools=tools)
@@ -314,7 +333,8 @@ def test_secrets_go_to_the_server_only_never_stored_nor_logged(tmp_path: Path, m
 
 def test_qwen_calls_the_real_servers_add_tool_through_ors(model_dir: Path, tmp_path: Path,
                                                          mcp_servers: McpServers) -> None:
-    """Qwen, made to call a tool (``tool_choice: required``, one call, temperature 0), with the MCP
+    """Qwen, made to call the server's tool (``tool_choice`` of type ``mcp``, one call,
+    temperature 0), with the MCP
     server's ``add`` the only tool it may see: ors lists it, Qwen calls it, ors runs the
     call on the real server and gives Qwen the sum, and Qwen answers in the same response."""
     settings = Settings(data_dir=tmp_path, default_model=QWEN, mcp_allowed_urls="127.0.0.1")
@@ -323,7 +343,8 @@ def test_qwen_calls_the_real_servers_add_tool_through_ors(model_dir: Path, tmp_p
     try:
         with Client(server.url, spec=mcp_spec()) as client:
             result = client.stream(model=QWEN, input="Use the add tool to add 17 and 25.", temperature=0,
-                                   max_output_tokens=256, tool_choice="required", parallel_tool_calls=False,
+                                   max_output_tokens=256, parallel_tool_calls=False,
+                                   tool_choice={"type": "mcp", "server_label": "calc", "name": "add"},
                                    tools=[_tool(mcp_servers.http_url, allowed_tools=["add"],
                                                 require_approval="never")])
     finally:

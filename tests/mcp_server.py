@@ -1,10 +1,11 @@
-"""A real MCP server for end-to-end tests: the SDK's ``MCPServer`` with four tools
-(``add``, ``lookup``, ``repeat``, ``broken``, which raises), served by uvicorn on 127.0.0.1, a free
+"""A real MCP server for end-to-end tests: the SDK's ``MCPServer`` with five tools
+(``add``, ``lookup``, ``repeat``, ``slow``, ``broken``, which raises), served by uvicorn on 127.0.0.1, a free
 port, both as streamable HTTP (``/mcp``) and as SSE (``/sse``, a port of its own).
 It counts the JSON-RPC methods it is asked for and keeps the headers it was sent."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import threading
@@ -34,6 +35,12 @@ def make_server() -> MCPServer:
     def repeat(word: str, times: int) -> str:
         """Repeat a word."""
         return word * times
+
+    @server.tool()
+    async def slow(seconds: float) -> str:
+        """Answer after a while."""
+        await asyncio.sleep(seconds)
+        return "late"
 
     @server.tool()
     def broken() -> str:

@@ -146,7 +146,7 @@ def test_a_call_is_run_and_its_output_given_back_to_the_model(client: Client, mc
                              tools=[_tool(url, require_approval="never")])
     listing, call, message = response["output"]
     assert listing["type"] == "mcp_list_tools" and listing["server_label"] == "calc"
-    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "broken"}
+    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "slow", "broken"}
     add = next(tool for tool in listing["tools"] if tool["name"] == "add")
     assert add["input_schema"]["properties"].keys() == {"a", "b"}
     assert (call["type"], call["name"], call["arguments"], call["output"], call["error"], call["status"]) == (
@@ -216,7 +216,7 @@ def test_a_tool_choice_of_an_mcp_server_requires_its_tools_for_the_first_round(c
     client.create(model="scripted-mcp-caller", input='call calc__lookup {"word": "mcp"}', tools=tools,
                   tool_choice={"type": "mcp", "server_label": "calc"})
     assert set(SCRIPTED.requests[-2].tool_policy.allowed or ()) == {
-        "calc__add", "calc__lookup", "calc__repeat", "calc__broken"}
+        "calc__add", "calc__lookup", "calc__repeat", "calc__slow", "calc__broken"}
     error = client.error({"model": "scripted-mcp-caller", "input": "hi", "tools": tools,
                           "tool_choice": {"type": "mcp", "server_label": "other"}}, 400)
     assert error["param"] == "tool_choice.server_label"
@@ -292,6 +292,19 @@ def test_a_long_output_is_cut_with_a_note(client: Client, mcp_servers: McpServer
     assert SCRIPTED.requests[-1].messages[-1].content == call["output"]
 
 
+def test_a_call_past_its_time_fails_and_the_model_still_answers(tmp_path: Path, mcp_servers: McpServers) -> None:
+    server = _serve(tmp_path, mcp_allowed_urls="127.0.0.1", mcp_call_seconds=1)
+    try:
+        with Client(server.url, spec=mcp_spec()) as client:
+            response = client.create(model="scripted-mcp-caller", input='call calc__slow {"seconds": 4}',
+                                     tools=[_tool(mcp_servers.http_url, require_approval="never")])
+    finally:
+        server.stop()
+    [call] = _of(response, "mcp_call")
+    assert call["status"] == "failed" and call["error"] == "the MCP server did not answer within 1 s"
+    assert output_text(response).startswith("The tool said: The MCP tool call failed")
+
+
 def test_an_unreachable_server_is_a_failed_listing(client: Client) -> None:
     response = client.create(model="scripted-mcp-caller", input="hello",
                              tools=[_tool("http://127.0.0.1:9/mcp", require_approval="never")])
@@ -351,7 +364,7 @@ def test_qwen_calls_the_real_servers_add_tool_through_ors(model_dir: Path, tmp_p
         server.stop()
     final = result.final
     [listing] = _of(final, "mcp_list_tools")
-    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "broken"}
+    assert {tool["name"] for tool in listing["tools"]} == {"add", "lookup", "repeat", "slow", "broken"}
     call = _of(final, "mcp_call")[0]
     assert (call["name"], call["status"], json.loads(call["arguments"])) == ("add", "completed", {"a": 17, "b": 25})
     assert call["output"] == "42" and mcp_servers.http.methods["tools/call"] > calls

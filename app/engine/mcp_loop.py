@@ -52,7 +52,7 @@ from app.backends.base import (
 from app.backends.mcp_client import McpFailure, McpServer, call_tool, list_tools
 from app.engine import ids
 from app.engine.mcp import McpLimits, mcp_result_text
-from app.engine.tool_search_loop import _added
+from app.engine.tool_search_loop import added_usage
 from app.protocol.mcp import McpApprovalRequestParam
 from app.protocol.tools import McpToolParam, qualified_name
 from app.url_roots import UrlRoot
@@ -139,6 +139,8 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
             calls += 1
             yield result
             text = mcp_result_text(result.output, result.error)
+        elif approval.approve:
+            text = f"This call was not run: this response made {calls} MCP calls, its limit."
         else:
             text = "The user refused this call" + (f": {approval.reason}" if approval.reason else ".")
         done += [ChatMessage("assistant", tool_calls=(call,)), ChatMessage("tool", text, tool_call_id=call.call_id)]
@@ -170,7 +172,7 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
                     elif isinstance(delta, ReasoningDelta):
                         thought.append(delta.text)
                     yield delta
-        used = _added(used, finish.usage)
+        used = added_usage(used, finish.usage)
         if not held or finish.reason in _BUDGET_STOPS:
             yield Finish(finish.reason, used)
             return

@@ -19,8 +19,10 @@ from app.backends.local import LocalBackend
 from app.backends.scripted import ScriptedBackend
 from app.config import Settings
 from app.main import create_app
+from compliance import StreamChecker
 from tests.client import Client, output_text
 from tests.conftest import QWEN
+from tests.e2e.test_websocket import Socket
 from tests.live import LiveServer
 from tests.mcp_server import McpServers
 from tests.superset import mcp_spec
@@ -178,6 +180,24 @@ def test_the_stream_carries_the_items_in_order(client: Client, mcp_servers: McpS
     call = _of(result.final, "mcp_call")[0]
     assert call["output"] == "an Open Responses server"
     assert result.types()[-1] == "response.completed"
+
+
+def test_the_items_and_their_events_over_websocket(mcp_server: LiveServer, mcp_servers: McpServers) -> None:
+    socket = Socket(mcp_server.url.replace("http://", "ws://") + "/v1/responses")
+    try:
+        socket.send(model="scripted-mcp-caller", input='call calc__add {"a": 3, "b": 4}',
+                    tools=[_tool(mcp_servers.sse_url, require_approval="never")])
+        checker = StreamChecker(transport="websocket", spec=mcp_spec())
+        types: list[str] = []
+        while not checker.final_response:
+            event = json.loads(socket.ws.recv(timeout=60))
+            types.append(event["type"])
+            checker.feed(event)
+        final = checker.finish()
+    finally:
+        socket.close()
+    assert [item["type"] for item in final["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    assert "response.mcp_call.completed" in types and _of(final, "mcp_call")[0]["output"] == "7"
 
 
 def test_a_failing_tool_is_a_failed_call_and_the_model_still_answers(client: Client,

@@ -3,6 +3,7 @@
 #
 # Checks, from quickest to whole:
 #   make lint       ruff on the code, mypy on $(MYPY_PATHS), hadolint on the Dockerfile.
+#   make fuzz       the spec fuzzing and the gate's property test of `make test`, long.
 #   make test-fast  lint, then the tests that need no PostgreSQL, no Redis, no embedded
 #                   model (no llama-server build, no model files) and no Codex CLI, and are
 #                   not slow: about two minutes on two cores.
@@ -50,7 +51,7 @@ MYPY_PATHS := app/protocol app/engine
 FAST_TESTS := not postgres and not redis and not model and not slow and not codex and not browser
 FAST_WORKERS ?= 2
 
-.PHONY: install serve test test-fast bench lint clean
+.PHONY: install serve test test-fast fuzz bench lint clean
 
 install: $(STAMP) $(LLAMA_SERVER)
 
@@ -87,6 +88,11 @@ test: lint $(LLAMA_SERVER) $(LLAMA_TEMPLATES) $(CODEX) $(CHROMIUM)
 
 test-fast: lint
 	$(BIN)/python -m pytest -m "$(FAST_TESTS)" -n $(FAST_WORKERS) --dist loadscope
+
+# The fuzzing of `make test` (schemathesis from the vendored spec, hypothesis on the replay
+# gate), long: 5,000 examples per operation and for the gate (about 5 minutes).
+fuzz: $(STAMP)
+	ORS_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest tests/e2e/test_schema_fuzz.py tests/engine/test_gate_properties.py -q
 
 # `make bench BENCH="proxy --quick"` runs one benchmark with its options.
 bench: $(STAMP) $(LLAMA_SERVER) $(CODEX)

@@ -30,6 +30,7 @@ from typing import Any
 from app.engine.history import History
 from app.engine.items import from_stored
 from app.errors import Conflict, InvalidRequest, NotFound
+from app.protocol.items import MAX_ID_LENGTH
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.conversations")
@@ -42,7 +43,7 @@ def conversation_of(data: dict[str, Any]) -> str | None:
         return None
     if isinstance(value, dict) and set(value) == {"id"}:
         value = value["id"]
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_LENGTH:
         raise InvalidRequest("conversation must be a conversation id, or an object {\"id\": id}.",
                              code="invalid_value", param="conversation")
     if data.get("previous_response_id") is not None:

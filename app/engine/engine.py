@@ -65,7 +65,7 @@ from app.engine.run import Run
 from app.engine.sealing import Sealer
 from app.engine.tool_search import ToolSearchLimits, ToolSurface, check_choice, check_loaded, tool_surface
 from app.engine.truncation import fit_context
-from app.engine.validation import parse_body
+from app.engine.validation import parse_body, previous_response_of
 from app.errors import InvalidRequest
 from app.metrics import Metrics, note_model
 from app.protocol.items import CompactionParam
@@ -176,12 +176,12 @@ class Engine:
         if not isinstance(data, dict):
             raise InvalidRequest("The request body must be a JSON object.", code="invalid_type")
         check_counts(data, self.limits)
-        previous = data.get("previous_response_id")
+        previous = previous_response_of(data)
         conversation = conversation_of(data)
         if conversation is not None:
             past = await conversation_history(self.store, tenant, conversation)
         else:
-            past = await history.load(previous) if isinstance(previous, str) and previous else History()
+            past = await history.load(previous) if previous is not None else History()
         raw_tools = data.get("tools")
         check = functools.partial(
             admit,

@@ -316,7 +316,8 @@ class Run:
             return []  # WAKE: a signal came, and is read next
         except ORSError as exc:
             self.error = exc
-            log.warning("response %s failed: %r", self.id, exc)
+            # a client's error is not the server's fault: no warning, and never a traceback
+            log.log(logging.INFO if exc.status < 500 else logging.WARNING, "response %s failed: %r", self.id, exc)
             return builder.fail(exc)
         except Exception:
             log.exception("response %s failed unexpectedly", self.id)
@@ -394,7 +395,10 @@ class Run:
             return
         try:
             await self._recording.end(self.builder.response, self.log.kept())
-        except Exception as exc:
+        except ORSError as exc:  # said to the client; a traceback only for what is not an ORSError
+            log.log(logging.INFO if exc.status < 500 else logging.ERROR, "the end of response %s was not recorded: %r",
+                    self.id, exc)
+            self._unrecorded = exc
+        except Exception:
             log.exception("could not record the end of response %s", self.id)
-            self._unrecorded = exc if isinstance(exc, ORSError) else ServerError(
-                "The server could not record this response.", code="store_error")
+            self._unrecorded = ServerError("The server could not record this response.", code="store_error")

@@ -29,6 +29,7 @@ from pydantic_core import ErrorDetails
 
 from app.engine.limits import RequestLimits, check_json_shape, too_deep
 from app.errors import InvalidRequest
+from app.protocol.items import MAX_ID_LENGTH
 
 log = logging.getLogger("ors.request")
 
@@ -120,6 +121,20 @@ def _without_lone_surrogates(value: Any) -> Any:
 
 def _bytes(raw: bytes | str) -> bytes:
     return raw.encode(errors="replace") if isinstance(raw, str) else raw
+
+
+def previous_response_of(data: dict[str, Any]) -> str | None:
+    """The ``previous_response_id`` a request continues, checked before anything is loaded
+    or generated: absent (or null), or a non-empty id. ``""`` is a 400 on the field, never
+    "no previous response" here and a reference to a missing row in the store."""
+    value = data.get("previous_response_id")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_ID_LENGTH:
+        raise InvalidRequest(
+            f"previous_response_id must be the id of a response (a string of 1 to {MAX_ID_LENGTH} characters), "
+            "or absent.", code="invalid_value", param="previous_response_id")
+    return value
 
 
 def parse_body(model: type[Model], data: Any) -> Model:

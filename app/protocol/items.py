@@ -42,6 +42,11 @@ Phase = Literal["commentary", "final_answer"]
 MessageRole = Literal["user", "assistant", "system", "developer"]
 
 CallId = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_ID_LENGTH = 512
+"""The longest id a request may name (a response, an item, a conversation, a cursor)."""
+ItemId = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH)]
+"""An item's id as a client sends it: absent, or a non-empty string (``""`` is not
+"absent", which would have a new id made, but a 400 on the field)."""
 FunctionName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
 # ---------------------------------------------------------------- params (input)
@@ -51,7 +56,7 @@ class UserMessageParam(ParamModel):
     type: Literal["message"] = "message"
     role: Literal["user"]
     content: str | list[UserContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: str | None = None
 
 
@@ -59,7 +64,7 @@ class SystemMessageParam(ParamModel):
     type: Literal["message"] = "message"
     role: Literal["system"]
     content: str | list[SystemContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: str | None = None
 
 
@@ -67,7 +72,7 @@ class DeveloperMessageParam(ParamModel):
     type: Literal["message"] = "message"
     role: Literal["developer"]
     content: str | list[SystemContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: str | None = None
 
 
@@ -75,7 +80,7 @@ class AssistantMessageParam(ParamModel):
     type: Literal["message"] = "message"
     role: Literal["assistant"]
     content: str | list[AssistantContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: str | None = None
     phase: Phase | None = None
 
@@ -85,7 +90,7 @@ class FunctionCallParam(ParamModel):
     call_id: CallId
     name: FunctionName
     arguments: str
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
     namespace: FunctionName | None = None
     """Not in the spec: the namespace tool ``name`` belongs to (see ``FunctionCall``)."""
@@ -95,7 +100,7 @@ class FunctionCallOutputParam(ParamModel):
     type: Literal["function_call_output"]
     call_id: CallId
     output: str | list[ToolOutputContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
 
 
@@ -106,7 +111,7 @@ class CustomToolCallParam(ParamModel):
     call_id: CallId
     name: FunctionName
     input: str
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
 
 
@@ -116,14 +121,14 @@ class CustomToolCallOutputParam(ParamModel):
     type: Literal["custom_tool_call_output"]
     call_id: CallId
     output: str | list[ToolOutputContentParam]
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
 
 
 class ReasoningParam(ParamModel):
     type: Literal["reasoning"]
     summary: list[SummaryTextParam]
-    id: str | None = None
+    id: ItemId | None = None
     content: list[Any] | None = None
     encrypted_content: str | None = None
     status: ItemStatus | None = None
@@ -132,7 +137,7 @@ class ReasoningParam(ParamModel):
 class CompactionParam(ParamModel):
     type: Literal["compaction"]
     encrypted_content: str = Field(max_length=10_485_760)
-    id: str | None = None
+    id: ItemId | None = None
     created_by: str | None = None
     status: ItemStatus | None = None
 
@@ -155,7 +160,7 @@ class ToolSearchCallParam(ParamModel):
     arguments: dict[str, Any]
     call_id: CallId | None = None
     execution: ToolSearchExecution | None = None
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
     created_by: str | None = None
 
@@ -170,7 +175,7 @@ class ToolSearchOutputParam(ParamModel):
     tools: list[dict[str, Any]]
     call_id: CallId | None = None
     execution: ToolSearchExecution | None = None
-    id: str | None = None
+    id: ItemId | None = None
     status: ItemStatus | None = None
     created_by: str | None = None
 

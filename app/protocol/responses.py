@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.protocol.base import ParamModel, WireModel
-from app.protocol.items import ItemParam, OutputItem
+from app.protocol.items import ItemId, ItemParam, OutputItem
 from app.protocol.tools import FunctionTool, OfferedFunction, ToolChoice, ToolChoiceParam, ToolParam, offered_functions
 
 IncludeOption = Literal["reasoning.encrypted_content", "message.output_text.logprobs"]
@@ -71,7 +71,7 @@ class CreateResponseBody(BaseModel):
     model: str | None = None
     input: str | list[ItemParam] | None = Field(default=None)
     instructions: str | None = None
-    previous_response_id: str | None = None
+    previous_response_id: ItemId | None = None
     conversation: str | dict[str, str] | None = None
     """OpenAI's superset: the conversation the response continues and is added to
     (checked by :mod:`app.engine.conversation_turns`)."""

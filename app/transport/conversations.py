@@ -24,7 +24,7 @@ from app.errors import InvalidRequest, NotFound
 from app.protocol.conversations import AddItemsBody, CreateConversationBody, UpdateConversationBody
 from app.protocol.items import CompactionTriggerParam, ExtensionItemParam
 from app.store.conversations import SqlConversations
-from app.transport.deps import EngineDep, TenantDep
+from app.transport.deps import Cursor, EngineDep, IdPath, TenantDep
 from app.transport.lifecycle import page_json, paging
 
 router = APIRouter(prefix="/v1/conversations")
@@ -38,7 +38,7 @@ async def create_conversation(request: Request, engine: EngineDep, tenant: Tenan
 
 
 @router.get("/{conversation_id}")
-async def get_conversation(conversation_id: str, engine: EngineDep, tenant: TenantDep) -> Response:
+async def get_conversation(conversation_id: IdPath, engine: EngineDep, tenant: TenantDep) -> Response:
     found = await _conversations(engine).get(tenant, conversation_id)
     if found is None:
         raise _not_found(conversation_id)
@@ -46,7 +46,7 @@ async def get_conversation(conversation_id: str, engine: EngineDep, tenant: Tena
 
 
 @router.post("/{conversation_id}")
-async def update_conversation(conversation_id: str, request: Request, engine: EngineDep,
+async def update_conversation(conversation_id: IdPath, request: Request, engine: EngineDep,
                               tenant: TenantDep) -> Response:
     body = parse_body(UpdateConversationBody, decode_json(await request.body()))
     updated = await _conversations(engine).set_metadata(tenant, conversation_id, body.metadata)
@@ -56,15 +56,15 @@ async def update_conversation(conversation_id: str, request: Request, engine: En
 
 
 @router.delete("/{conversation_id}")
-async def delete_conversation(conversation_id: str, engine: EngineDep, tenant: TenantDep) -> Response:
+async def delete_conversation(conversation_id: IdPath, engine: EngineDep, tenant: TenantDep) -> Response:
     if not await _conversations(engine).delete(tenant, conversation_id):
         raise _not_found(conversation_id)
     return _json({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 @router.get("/{conversation_id}/items")
-async def list_items(conversation_id: str, engine: EngineDep, tenant: TenantDep, limit: int = 20,
-                     order: str = "desc", after: str | None = None) -> Response:
+async def list_items(conversation_id: IdPath, engine: EngineDep, tenant: TenantDep, limit: int = 20,
+                     order: str = "desc", after: Cursor = None) -> Response:
     """The conversation's items, newest first by default, with the cursor rules of
     ``input_items``."""
     size, direction = paging(limit, order)
@@ -75,7 +75,7 @@ async def list_items(conversation_id: str, engine: EngineDep, tenant: TenantDep,
 
 
 @router.post("/{conversation_id}/items")
-async def add_items(conversation_id: str, request: Request, engine: EngineDep, tenant: TenantDep) -> Response:
+async def add_items(conversation_id: IdPath, request: Request, engine: EngineDep, tenant: TenantDep) -> Response:
     body = parse_body(AddItemsBody, decode_json(await request.body()))
     added = await _conversations(engine).add(tenant, conversation_id, await _stored_items(engine, body.items))
     if added is None:
@@ -84,7 +84,7 @@ async def add_items(conversation_id: str, request: Request, engine: EngineDep, t
 
 
 @router.get("/{conversation_id}/items/{item_id}")
-async def get_item(conversation_id: str, item_id: str, engine: EngineDep, tenant: TenantDep) -> Response:
+async def get_item(conversation_id: IdPath, item_id: IdPath, engine: EngineDep, tenant: TenantDep) -> Response:
     exists, item = await _conversations(engine).item(tenant, conversation_id, item_id)
     if not exists:
         raise _not_found(conversation_id)
@@ -94,7 +94,7 @@ async def get_item(conversation_id: str, item_id: str, engine: EngineDep, tenant
 
 
 @router.delete("/{conversation_id}/items/{item_id}")
-async def delete_item(conversation_id: str, item_id: str, engine: EngineDep, tenant: TenantDep) -> Response:
+async def delete_item(conversation_id: IdPath, item_id: IdPath, engine: EngineDep, tenant: TenantDep) -> Response:
     """Remove one item; the conversation, as OpenAI answers it."""
     conversation, removed = await _conversations(engine).delete_item(tenant, conversation_id, item_id)
     if conversation is None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.responses import Response
 
 from app.engine.engine import Engine
 from app.engine.history import HistorySource, NoHistory, StoredHistory
 from app.engine.live import LiveRuns
+from app.protocol.items import MAX_ID_LENGTH
 from app.protocol.responses import ResponseResource, response_json
 from app.transport.auth import KeyAuthenticator
 from app.transport.drain import Drain
@@ -56,6 +57,11 @@ LiveDep = Annotated[LiveRuns, Depends(get_live)]
 LimiterDep = Annotated[RateLimiter, Depends(get_limiter)]
 DrainDep = Annotated[Drain, Depends(get_drain)]
 StreamOptionsDep = Annotated[StreamOptions, Depends(get_stream_options)]
+IdPath = Annotated[str, Path(min_length=1, max_length=MAX_ID_LENGTH)]
+"""An id in a path (a response's, a conversation's, an item's): checked before any work,
+400 naming it when it is longer than any id."""
+Cursor = Annotated[str | None, Query(min_length=1, max_length=MAX_ID_LENGTH)]
+"""A list's ``after``: absent, or an id (``after=`` is a 400, not "from the start")."""
 
 
 def history_for(engine: Engine, tenant: str) -> HistorySource:

@@ -15,7 +15,7 @@ from app.engine.event_log import Emitted
 from app.errors import InvalidRequest, NotFound
 from app.protocol.states import ResponseStatus
 from app.store.base import ResponseStore
-from app.transport.deps import EngineDep, LiveDep, StreamOptionsDep, TenantDep, resource_json
+from app.transport.deps import Cursor, EngineDep, IdPath, LiveDep, StreamOptionsDep, TenantDep, resource_json
 from app.transport.sse import replay_events, stream_emitted
 
 router = APIRouter()
@@ -23,7 +23,7 @@ router = APIRouter()
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(
-    response_id: str,
+    response_id: IdPath,
     engine: EngineDep,
     tenant: TenantDep,
     live: LiveDep,
@@ -61,7 +61,7 @@ async def retrieve_response(
 
 
 @router.delete("/v1/responses/{response_id}")
-async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+async def delete_response(response_id: IdPath, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
     running = live.get(tenant, response_id)
     if running is not None:
         running.cancel()
@@ -72,7 +72,7 @@ async def delete_response(response_id: str, engine: EngineDep, tenant: TenantDep
 
 
 @router.post("/v1/responses/{response_id}/cancel")
-async def cancel_response(response_id: str, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
+async def cancel_response(response_id: IdPath, engine: EngineDep, tenant: TenantDep, live: LiveDep) -> Response:
     """Cancel a background response, wherever it runs; a finished one is returned
     unchanged. Running here, the run is stopped and its own end (with the output made so
     far) is the answer; running on another replica (or nowhere any more), the cancel is
@@ -103,7 +103,7 @@ async def list_responses(
     tenant: TenantDep,
     limit: int = 20,
     order: str = "desc",
-    after: str | None = None,
+    after: Cursor = None,
 ) -> Response:
     """The tenant's stored responses, newest first by default, with the cursor rules of
     ``input_items`` (a superset of the spec, for the playground and for operators). A
@@ -115,12 +115,12 @@ async def list_responses(
 
 @router.get("/v1/responses/{response_id}/input_items")
 async def list_input_items(
-    response_id: str,
+    response_id: IdPath,
     engine: EngineDep,
     tenant: TenantDep,
     limit: int = 20,
     order: str = "desc",
-    after: str | None = None,
+    after: Cursor = None,
 ) -> Response:
     """The response's input items, newest first by default, with cursor pagination."""
     size, direction = paging(limit, order)

@@ -41,6 +41,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.backends.mcp_deltas import McpApprovalRequestDelta as McpApprovalRequestDelta
+from app.backends.mcp_deltas import McpCallDelta as McpCallDelta
+from app.backends.mcp_deltas import McpListToolsDelta as McpListToolsDelta
+from app.backends.mcp_deltas import McpTool as McpTool
 from app.backends.model_info import ModelGauges as ModelGauges
 from app.backends.model_info import ModelInfo as ModelInfo
 from app.backends.parts import TEXT_AND_IMAGES as TEXT_AND_IMAGES
@@ -277,49 +281,6 @@ class CompactionDelta:
     (the summary, sealed). Made by the engine's compaction (``app.engine.compaction_turn``)."""
 
     encrypted_content: str
-
-
-@dataclass(frozen=True, slots=True)
-class McpTool:
-    """A tool an MCP server listed."""
-
-    name: str
-    description: str | None
-    input_schema: dict[str, Any]
-    annotations: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class McpListToolsDelta:
-    """A server's tools as listed (``mcp_list_tools``), or why they could not be."""
-
-    server_label: str
-    tools: tuple[McpTool, ...]
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class McpCallDelta:
-    """A call of an MCP tool made by the server (``mcp_call``): ``running`` as it is
-    made, then again with how it ended (``output``, or ``error``)."""
-
-    server_label: str
-    name: str
-    arguments: str
-    output: str | None = None
-    error: str | None = None
-    approval_request_id: str | None = None
-    running: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class McpApprovalRequestDelta:
-    """A call of an MCP tool that waits for the client's approval (``mcp_approval_request``)."""
-
-    item_id: str
-    server_label: str
-    name: str
-    arguments: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,10 @@ from app.engine.limits import (
     DEFAULT_MAX_TOOLS,
     RequestLimits,
 )
+from app.engine.mcp import DEFAULT_CALL_SECONDS, DEFAULT_MAX_CALLS, DEFAULT_MAX_OUTPUT_BYTES, McpLimits
 from app.engine.tool_search import DEFAULT_RESULTS, DEFAULT_ROUNDS, ToolSearchLimits
 from app.schemas import DEFAULT_MAX_SCHEMA_BYTES, DEFAULT_MAX_SCHEMA_DEPTH, SchemaLimits
+from app.url_roots import AllowList
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -193,6 +195,22 @@ class Settings(BaseSettings):
     path below it) that the playground's conformance runs (``POST /ors/checks``) may check
     besides this server itself; unset: this server only. ors sends requests to them, so
     list only servers you trust."""
+    mcp_allowed_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Comma-separated MCP servers that ``mcp`` tools may name: URL prefixes
+    (``https://mcp.example.com/tools``: that URL and any path below it, same scheme, host
+    and port) or bare hosts (``mcp.example.com``, ``10.0.0.5:8000``). ors connects to them
+    and sends them what the model writes, so list only servers you trust; loopback and
+    private addresses are reached only when listed, redirects never followed. Unset (the
+    default): MCP is off, and a request with an ``mcp`` tool is a 400."""
+    mcp_max_calls: int = Field(default=DEFAULT_MAX_CALLS, ge=1, le=1_000)
+    """MCP tool calls ors makes within one response; a further call the model asks for is
+    not run (logged) and the response ends there."""
+    mcp_call_seconds: float = Field(default=DEFAULT_CALL_SECONDS, gt=0)
+    """Seconds one MCP call, or one listing of a server's tools, may take; past them it
+    fails (an ``mcp_call`` or ``mcp_list_tools`` with its ``error``)."""
+    mcp_max_output_bytes: int = Field(default=DEFAULT_MAX_OUTPUT_BYTES, ge=256)
+    """Bytes of one MCP call's output given to the model and reported; a longer output is
+    cut, with a note saying so."""
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Comma-separated host names accepted besides ``localhost``, ``127.0.0.1`` and
     ``[::1]`` when the server listens on a loopback address; any other ``Host`` is 403
@@ -292,6 +310,16 @@ class Settings(BaseSettings):
     new one) is returned as ``x-request-id`` and carried by its log lines; user text and
     keys are never logged."""
 
+    def mcp_limits(self) -> McpLimits:
+        return McpLimits(allowed=AllowList.parse(self.mcp_allowed_urls), max_calls=self.mcp_max_calls,
+                         call_seconds=self.mcp_call_seconds, max_output_bytes=self.mcp_max_output_bytes)
+
+    @field_validator("mcp_allowed_urls")
+    @classmethod
+    def _mcp_urls_parse(cls, value: list[str]) -> list[str]:
+        AllowList.parse(value)  # a ValueError naming the entry
+        return value
+
     def tool_search_limits(self) -> ToolSearchLimits:
         return ToolSearchLimits(results=self.tool_search_results, rounds=self.tool_search_rounds)
 
@@ -332,7 +360,7 @@ class Settings(BaseSettings):
         return pairs
 
     @field_validator("api_keys", "preload_models", "upstream_models", "allowed_origins", "allowed_hosts",
-                     "check_allowed_urls", mode="before")
+                     "check_allowed_urls", "mcp_allowed_urls", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):

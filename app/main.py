@@ -182,6 +182,7 @@ def create_app(settings: Settings, *, backends: Sequence[Backend] | None = None)
         file_limits=settings.file_limits(),
         limits=settings.request_limits(),
         tool_search=settings.tool_search_limits(),
+        mcp=settings.mcp_limits(),
     )
     drain = Drain()
     check_runs = CheckRuns()

@@ -39,7 +39,7 @@ def check_response(resource: Any, *, spec: Spec | None = None, validate: bool = 
     output = resource["output"]
     _check_item_identities(output, "$.output")
     status = resource["status"]
-    statuses = [item["status"] for item in output]
+    statuses = ["completed" if _failed_mcp_call(item) else item["status"] for item in output]
     if status == "completed":
         _require(isinstance(resource["completed_at"], int), "$.completed_at",
                  "a completed response must set completed_at")
@@ -86,6 +86,12 @@ def check_compact(resource: Any, *, spec: Spec | None = None, validate: bool = T
              "a compacted window must contain a 'compaction' item")
     _check_usage(resource["usage"], "$.usage")
     return resource
+
+
+def _failed_mcp_call(item: dict[str, Any]) -> bool:
+    """OpenAI's ``mcp_call`` (a superset item) ends ``failed`` when its tool failed: the
+    call is over, as a ``completed`` item's is."""
+    return item.get("type") == "mcp_call" and item.get("status") == "failed"
 
 
 def _check_item_identities(items: list[dict[str, Any]], path: str, *, require_status: bool = True) -> None:

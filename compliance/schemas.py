@@ -206,19 +206,26 @@ class Spec:
         return Draft202012Validator(schema, registry=self._registry)
 
 
-def with_items(spec: Spec, items: Mapping[str, Mapping[str, Any]]) -> Spec:
+def with_items(spec: Spec, items: Mapping[str, Mapping[str, Any]],
+               events: Mapping[str, Mapping[str, Any]] | None = None) -> Spec:
     """``spec`` with further item schemas in its item union (``ItemField``), for judging
     a server's documented superset items (``name`` to schema) by every other rule of the
-    spec: in responses, in events, in the stream's lifecycle. A name the spec already
-    has is a ``ValueError``: a superset adds, it never redefines."""
+    spec: in responses, in events, in the stream's lifecycle; and ``events``, further
+    event schemas in its streaming union (the stream checker knows which superset events
+    it may meet). A name the spec already has is a ``ValueError``: a superset adds, it
+    never redefines."""
     document = copy.deepcopy(dict(spec.document))
     schemas = document["components"]["schemas"]
-    for name, schema in items.items():
-        if name in schemas:
-            raise ValueError(f"the spec already defines {name!r}")
-        schemas[name] = dict(schema)
-        schemas["ItemField"]["oneOf"].append({"$ref": f"#/components/schemas/{name}"})
-    return Spec(document, source=f"{spec.source} with {', '.join(items)}")
+    union = document
+    for key in _STREAM_UNION_POINTER:
+        union = union[key]
+    for added, target in ((items, schemas["ItemField"]["oneOf"]), (events or {}, union["oneOf"])):
+        for name, schema in added.items():
+            if name in schemas:
+                raise ValueError(f"the spec already defines {name!r}")
+            schemas[name] = dict(schema)
+            target.append({"$ref": f"#/components/schemas/{name}"})
+    return Spec(document, source=f"{spec.source} with {', '.join([*items, *(events or {})])}")
 
 
 @functools.cache

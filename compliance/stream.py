@@ -203,6 +203,11 @@ class StreamChecker:
             self._on_annotation(event)
         elif event_type.startswith("response.function_call_arguments."):
             self._on_arguments(event, done=event_type.endswith(".done"))
+        elif event_type.startswith("response.mcp_call_arguments."):
+            self._on_arguments(event, done=event_type.endswith(".done"), kind="mcp_call")
+        elif event_type in _MCP_PROGRESS_EVENTS:
+            item = self._item(event)
+            _require(item.type == _MCP_PROGRESS_EVENTS[event_type], "$.type", f"{event_type!r} for a {item.type} item")
         else:
             raise ConformanceError(f"unknown event type {event_type!r}")
 
@@ -321,8 +326,9 @@ class StreamChecker:
         _require(item.done is None, "$.output_index", f"output_item.done for item {item.id!r} was already sent")
         _require(done is not None, "$.item", "output_item.done must carry the item")
         _check_identity(done, "$.item")
-        _require(done["status"] in ("completed", "incomplete"), "$.item.status",
-                 f"a done item must have status 'completed' or 'incomplete', not {done['status']!r}")
+        ends = _MCP_CALL_ENDS if done["type"] == "mcp_call" else ("completed", "incomplete")
+        _require(done["status"] in ends, "$.item.status",
+                 f"a done item must have status {' or '.join(map(repr, ends))}, not {done['status']!r}")
         _require(item.open_part() is None, "$.item", "output_item.done while a part of the item is still open")
         for name in ("id", "type", "role", "call_id", "name"):
             if name in item.added:
@@ -393,9 +399,9 @@ class StreamChecker:
                  f"annotation_index {event['annotation_index']}; the next annotation is {len(annotations)}")
         annotations.append(event["annotation"])
 
-    def _on_arguments(self, event: dict[str, Any], *, done: bool) -> None:
+    def _on_arguments(self, event: dict[str, Any], *, done: bool, kind: str = "function_call") -> None:
         item = self._item(event)
-        _require(item.type == "function_call", "$.type", f"function-call arguments for a {item.type} item")
+        _require(item.type == kind, "$.type", f"{kind.replace('_', '-')} arguments for a {item.type} item")
         _require(item.arguments_done is None, "$.type", "function-call arguments after their done event")
         if not done:
             item.argument_deltas.append(event["delta"])
@@ -475,6 +481,14 @@ def check_sse_chunks(chunks: Iterable[bytes], *, validate_schemas: bool = True,
 def check_sse_body(raw: bytes, *, validate_schemas: bool = True) -> dict[str, Any]:
     """Check a complete ``text/event-stream`` body and return the final ``ResponseResource``."""
     return check_sse_chunks([raw], validate_schemas=validate_schemas)
+
+
+_MCP_PROGRESS_EVENTS = {f"response.{kind}.{step}": kind for kind in ("mcp_call", "mcp_list_tools")
+                        for step in ("in_progress", "completed", "failed")}
+"""OpenAI's progress events of its MCP items (a superset): each names an open item of its kind."""
+
+_MCP_CALL_ENDS = ("completed", "incomplete", "failed")
+"""OpenAI's ``mcp_call`` (a superset item) ends ``failed`` when the tool failed."""
 
 
 def _check_identity(item: dict[str, Any], path: str) -> None:

@@ -10,6 +10,8 @@ sampling and tool settings; a message's images and files are its ``parts``, see
     ToolSearchCallDelta, ToolSearchOutputDelta  a whole tool search and what it loaded
                      (the engine's hosted search makes them; so does an upstream that
                      hosts tool search itself, ``Backend.hosts_tool_search``)
+    McpListToolsDelta, McpCallDelta, McpApprovalRequestDelta  a whole MCP item (only
+                     the engine's MCP loop makes them, never a model backend)
     CompactionDelta  a whole compaction item's sealed content (only a compaction turn
                      makes it: the engine's, from a model's summary; never a model backend)
     Finish           exactly once, last: why generation stopped, and token usage
@@ -39,6 +41,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.backends.mcp_deltas import McpApprovalRequestDelta as McpApprovalRequestDelta
+from app.backends.mcp_deltas import McpCallDelta as McpCallDelta
+from app.backends.mcp_deltas import McpListToolsDelta as McpListToolsDelta
+from app.backends.mcp_deltas import McpTool as McpTool
 from app.backends.model_info import ModelGauges as ModelGauges
 from app.backends.model_info import ModelInfo as ModelInfo
 from app.backends.parts import TEXT_AND_IMAGES as TEXT_AND_IMAGES
@@ -292,7 +298,7 @@ class Finish:
 
 
 Delta = (TextDelta | ReasoningDelta | ToolCallDelta | ToolSearchCallDelta | ToolSearchOutputDelta | CompactionDelta
-         | Finish)
+         | McpListToolsDelta | McpCallDelta | McpApprovalRequestDelta | Finish)
 
 
 class Backend(abc.ABC):

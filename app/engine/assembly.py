@@ -27,6 +27,7 @@ from app.backends.base import (
 from app.engine.compaction import compaction_context
 from app.engine.gate import UnknownToolPolicy, gate
 from app.engine.history import History
+from app.engine.mcp_loop import McpSetup
 from app.engine.sealing import Sealer, SealError
 from app.engine.tool_search import ToolSurface
 from app.errors import InvalidRequest
@@ -38,7 +39,7 @@ from app.protocol.items import (
     UserMessageParam,
 )
 from app.protocol.responses import CreateResponseBody, TextFormatJsonObjectParam, TextFormatJsonSchemaParam
-from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, McpToolChoiceParam, McpToolParam, SpecificFunctionParam
 from app.schemas import SchemaLimits, compile_schema
 
 log = logging.getLogger("ors.engine")
@@ -68,6 +69,8 @@ class Assembled:
     prompt), tool search included (:mod:`app.engine.tool_search`)."""
     conversation: str | None = None
     """The conversation the response continues (:mod:`app.engine.conversation_turns`)."""
+    mcp: McpSetup | None = None
+    """The request's MCP tools (:mod:`app.engine.mcp_loop`); ``None`` without one."""
 
 
 class Opener:
@@ -154,11 +157,13 @@ def tool_policy(body: CreateResponseBody, names: set[str] | None = None) -> Tool
         allowed = tuple(tool.name for tool in choice.tools)
         _require_tools(names, allowed, "tool_choice.tools")
         return ToolPolicy(mode=choice.mode, allowed=allowed, parallel=parallel, max_calls=body.max_tool_calls)
+    if isinstance(choice, McpToolChoiceParam):  # its functions are known once listed (app.engine.mcp_loop)
+        return ToolPolicy(mode="required", parallel=parallel, max_calls=body.max_tool_calls)
     mode = choice or "auto"
-    if mode == "required" and not names:
+    if mode == "required" and not names and not any(isinstance(tool, McpToolParam) for tool in body.tools or ()):
         given = [f"'{tool.type}'" for tool in body.tools or ()]
         reason = (f"none of the tools given ({', '.join(given)}) can be offered to the model: this server runs "
-                  "function tools, namespace tools and custom tools") if given else "no tools were given"
+                  "function tools, namespace tools, custom tools and MCP tools") if given else "no tools were given"
         raise InvalidRequest(f"tool_choice is 'required' but {reason}.", code="invalid_value", param="tool_choice")
     if mode == "auto" and parallel and body.max_tool_calls is None:
         return _AUTO

@@ -50,6 +50,9 @@ from app.backends.base import (
     Delta,
     Finish,
     FinishReason,
+    McpApprovalRequestDelta,
+    McpCallDelta,
+    McpListToolsDelta,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -211,6 +214,8 @@ class ResponseBuilder:
             self._items.tool_call(delta)
         elif isinstance(delta, ToolSearchCallDelta | ToolSearchOutputDelta):
             self._items.tool_search(delta)
+        elif isinstance(delta, McpListToolsDelta | McpCallDelta | McpApprovalRequestDelta):
+            self._items.mcp(delta)
         elif isinstance(delta, CompactionDelta):
             self._items.compaction(delta.encrypted_content)
         else:

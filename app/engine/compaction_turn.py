@@ -53,7 +53,7 @@ from app.engine.sealing import Sealer
 from app.errors import InvalidRequest
 from app.protocol.items import CompactionTriggerParam
 from app.protocol.responses import CreateResponseBody
-from app.protocol.tools import AllowedToolsParam, SpecificFunctionParam
+from app.protocol.tools import AllowedToolsParam, McpToolChoiceParam, SpecificFunctionParam
 
 
 def trigger_index(body: CreateResponseBody) -> int | None:
@@ -88,7 +88,7 @@ def check_compaction_turn(body: CreateResponseBody, sealer: Sealer | None, trigg
     choice = body.tool_choice
     demands_call = (
         choice == "required"
-        or isinstance(choice, SpecificFunctionParam)
+        or isinstance(choice, SpecificFunctionParam | McpToolChoiceParam)
         or (isinstance(choice, AllowedToolsParam) and choice.mode == "required")
     )
     if demands_call:

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from app.backends.base import ChatMessage, ContentPart, FilePart, ImagePart, Role, TextPart, ToolCall, ToolSearchResult
 from app.engine.files import readable_text
+from app.engine.mcp import mcp_result_text
 from app.engine.tool_search import SEARCH_FUNCTION, UNNAMED_CALL, function_spec, loaded_functions, loaded_text
 from app.protocol.content import (
     InputFileParam,
@@ -44,6 +45,7 @@ from app.protocol.items import (
     ToolSearchOutputParam,
     UserMessageParam,
 )
+from app.protocol.mcp import McpApprovalRequestParam, McpApprovalResponseParam, McpCallParam, McpListToolsParam
 from app.protocol.tools import CUSTOM_INPUT, qualified_name
 
 log = logging.getLogger("ors.context")
@@ -206,6 +208,16 @@ def extend_conversation(
             loaded = ToolSearchResult(tuple(function_spec(f) for f in functions), item.execution or "server")
             messages.append(ChatMessage(role="tool", content=loaded_text(functions),
                                         tool_call_id=item.call_id or UNNAMED_CALL, loaded=loaded))
+        elif isinstance(item, McpCallParam):
+            call = ToolCall(call_id=item.id or UNNAMED_CALL, name=qualified_name(item.server_label, item.name),
+                            arguments=item.arguments or "{}")
+            messages.append(ChatMessage(role="assistant", tool_calls=(call,),
+                                        reasoning="\n".join(pending_reasoning) or None))
+            pending_reasoning = []
+            messages.append(ChatMessage(role="tool", content=mcp_result_text(item.output, item.error),
+                                        tool_call_id=call.call_id))
+        elif isinstance(item, McpListToolsParam | McpApprovalRequestParam | McpApprovalResponseParam):
+            pass  # a server's tools are offered as functions; an approval is acted on when it comes
         elif isinstance(item, ReasoningParam):
             text = _reasoning_text(item, sealed)
             if text:

@@ -21,6 +21,7 @@ from app.protocol.tools import (
     AllowedToolsParam,
     FunctionTool,
     FunctionToolChoice,
+    McpToolChoiceParam,
     SpecificFunctionParam,
     ToolChoice,
 )
@@ -34,6 +35,8 @@ def echo_tool_choice(body: CreateResponseBody) -> ToolChoice:
         return "auto"
     if isinstance(choice, SpecificFunctionParam):
         return FunctionToolChoice(name=choice.name)
+    if isinstance(choice, McpToolChoiceParam):
+        return "required"  # the spec's echo has no MCP choice; its meaning is this
     if isinstance(choice, AllowedToolsParam):
         return AllowedToolChoice(
             tools=[FunctionToolChoice(name=tool.name) for tool in choice.tools], mode=choice.mode

@@ -58,6 +58,8 @@ from app.engine.images import DEFAULT_MAX_IMAGE_BYTES, check_images
 from app.engine.items import stored_form
 from app.engine.limits import RequestLimits, check_counts
 from app.engine.live import LiveRuns
+from app.engine.mcp import McpLimits, approvals_of, chain_listings, check_mcp_tools
+from app.engine.mcp_loop import Approval, McpSetup
 from app.engine.models import ModelRouter
 from app.engine.run import Run
 from app.engine.sealing import Sealer
@@ -67,9 +69,10 @@ from app.engine.validation import parse_body, previous_response_of
 from app.errors import InvalidRequest
 from app.metrics import Metrics, note_model
 from app.protocol.items import CompactionParam
+from app.protocol.mcp import McpApprovalResponseParam
 from app.protocol.responses import CreateResponseBody, ResponseResource
 from app.protocol.states import ResponseStatus
-from app.protocol.tools import OfferedFunction, UnsupportedToolParam
+from app.protocol.tools import McpToolChoiceParam, OfferedFunction, UnsupportedToolParam
 from app.store.base import ResponseStore
 
 log = logging.getLogger("ors.engine")
@@ -109,6 +112,8 @@ class Prepared:
     conversation: str | None = None
     """The conversation the response is appended to when its end is recorded, held
     until then (:mod:`app.engine.conversation_turns`)."""
+    mcp: McpSetup | None = None
+    """The request's MCP tools, run by this server (:mod:`app.engine.mcp_loop`)."""
 
     def whole_request(self) -> GenerationRequest:
         """The request for a response nobody sees before it ends: the backend may make
@@ -134,6 +139,7 @@ class Engine:
         file_limits: FileLimits = FileLimits(),
         limits: RequestLimits = RequestLimits(),
         tool_search: ToolSearchLimits = ToolSearchLimits(),
+        mcp: McpLimits = McpLimits(),
     ) -> None:
         """Everything the engine works with is given here, and never replaced: the
         response store (``None``: nothing is stored), the sealer of encrypted content
@@ -160,6 +166,8 @@ class Engine:
         """Depth, items, tools and schema limits of a request (``ORS_MAX_*``)."""
         self.tool_search = tool_search
         """What one server-run tool search may load, and how many one response may make."""
+        self.mcp = mcp
+        """The MCP servers that may be reached (none: MCP is off), and the calls' budgets."""
 
     async def _assemble(self, data: Any, history: HistorySource, *, tenant: str,
                         require_input: bool = True) -> Assembled:
@@ -201,6 +209,7 @@ class Engine:
         requested = body.model or self.router.default_model
         model, backend = self.router.resolve(requested)
         note_model(requested)
+        mcp_tools = check_mcp_tools(body, self.mcp)
         for index, tool in enumerate(body.tools or []):
             if isinstance(tool, UnsupportedToolParam):
                 log.warning("tools[%d] of type %r is not offered to the model: this server cannot run it",
@@ -226,8 +235,15 @@ class Engine:
                                hosts_search=backend.hosts_tool_search, limits=self.tool_search,
                                schema_limits=self.limits.schema)
         check_choice(body, surface)
+        mcp = None
+        if mcp_tools or any(isinstance(item, McpApprovalResponseParam) for item in new_items):
+            approvals = approvals_of(past.items, new_items, mcp_tools)
+            choice = body.tool_choice
+            mcp = McpSetup(tuple(mcp_tools), self.mcp, chain_listings(itertools.chain(past.items, new_items)),
+                           tuple(Approval(request, answer.approve, answer.reason) for request, answer in approvals),
+                           (choice.server_label, choice.name) if isinstance(choice, McpToolChoiceParam) else None)
         return Assembled(body, requested, model, backend, past, new_items, sealed, messages, surface.tools, trigger,
-                         surface, conversation)
+                         surface, conversation, mcp)
 
     async def count_input_tokens(self, data: Any, *, tenant: str, history: HistorySource) -> int:
         """``POST /v1/responses/input_tokens``: how many tokens the model would be given
@@ -272,7 +288,9 @@ class Engine:
                                          max_output_tokens=body.max_output_tokens)
             request = generation_request(body, assembled.model, messages, assembled.tools, assembled.surface)
         if generate:
-            await backend.check(request)
+            # MCP tools are listed when the run starts: a call required of them is checked then
+            await backend.check(request if assembled.mcp is None else dataclasses.replace(
+                request, tool_policy=dataclasses.replace(request.tool_policy, mode="auto", allowed=None)))
         initial = initial_response(
             body, response_id=ids.response_id(), model=requested,
             status=ResponseStatus.QUEUED if body.background else ResponseStatus.IN_PROGRESS,
@@ -320,6 +338,7 @@ class Engine:
             on_recorded=on_recorded,
             generate=generate,
             surface=surface if surface is not None and (surface.searches or surface.late_tools) else None,
+            mcp=assembled.mcp if assembled.trigger is None else None,
         )
 
     def _compaction_turn(self, assembled: Assembled) -> tuple[Backend, GenerationRequest]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from app.backends.base import (
@@ -31,6 +32,9 @@ from app.backends.base import (
     Delta,
     Finish,
     GenerationRequest,
+    McpApprovalRequestDelta,
+    McpCallDelta,
+    McpListToolsDelta,
     ReasoningDelta,
     TextDelta,
     ToolCallDelta,
@@ -38,6 +42,7 @@ from app.backends.base import (
     ToolSearchOutputDelta,
     Usage,
 )
+from app.engine.mcp_loop import McpSetup, mcp_running
 from app.engine.output_format import checks_output_format, enforce_output_format
 from app.engine.tool_search import ToolSurface
 from app.engine.tool_search_loop import searching
@@ -47,7 +52,7 @@ from app.errors import ORSError
 QUEUE_SIZE = 256
 
 DELTAS = (TextDelta, ReasoningDelta, ToolCallDelta, CompactionDelta, Finish, ToolSearchCallDelta,
-          ToolSearchOutputDelta)
+          ToolSearchOutputDelta, McpListToolsDelta, McpCallDelta, McpApprovalRequestDelta)
 """What the queue carries most: the backend's deltas."""
 
 END = object()
@@ -76,15 +81,16 @@ class Feed:
     """The output of one backend stream (see the module docstring). :meth:`start` it
     once; :meth:`stop` it to end the stream and wait until it is closed."""
 
-    __slots__ = ("backend", "request", "name", "warm_only", "surface", "control", "_queue", "_pump")
+    __slots__ = ("backend", "request", "name", "warm_only", "surface", "mcp", "control", "_queue", "_pump")
 
     def __init__(self, backend: Backend, request: GenerationRequest, *, name: str, warm_only: bool = False,
-                 surface: ToolSurface | None = None) -> None:
+                 surface: ToolSurface | None = None, mcp: McpSetup | None = None) -> None:
         self.backend = backend
         self.request = request
         self.name = name
         self.warm_only = warm_only
         self.surface = surface
+        self.mcp = mcp
         """The request's tool search, if it offers one: a server-run search this server
         runs wraps the backend's stream (:mod:`app.engine.tool_search_loop`)."""
         self.control: Signal | None = None
@@ -162,10 +168,10 @@ class Feed:
             await queue.put(Finish("stop", Usage()))
             await queue.put(END)
             return
+        rounds: Callable[[GenerationRequest], AsyncIterator[Delta]] = self.backend.stream
         if surface is not None and surface.runs_here:
-            source = searching(self.backend, request, surface)
-        else:
-            source = self.backend.stream(request)
+            rounds = functools.partial(searching, self.backend, surface=surface)
+        source = rounds(request) if self.mcp is None else mcp_running(rounds, request, self.mcp)
         guard: ToolCallGuard | None = None
         stream: AsyncIterator[Delta]
         if checks_output_format(request):

@@ -29,6 +29,7 @@ from app.protocol.items import (
     ToolSearchOutputParam,
     UserMessageParam,
 )
+from app.protocol.mcp import McpApprovalRequestParam, McpApprovalResponseParam, McpCallParam, McpListToolsParam
 from app.protocol.states import ItemStatus, ItemType
 
 _ITEMS: TypeAdapter[Any] = TypeAdapter(ItemParam)
@@ -86,7 +87,13 @@ def stored_form(item: object) -> JSON:
             "execution": item.execution or "server",  # OpenAI's default
             "status": item.status or ItemStatus.COMPLETED,
         }
+    if isinstance(item, McpListToolsParam | McpCallParam | McpApprovalRequestParam | McpApprovalResponseParam):
+        return item.model_dump(exclude_none=True) | {"id": item.id or ids.new_id(_MCP_PREFIXES[item.type])}
     raise TypeError(f"{type(item).__name__} is not stored as an item")
+
+
+_MCP_PREFIXES = {"mcp_list_tools": "mcpl", "mcp_call": "mcp", "mcp_approval_request": "mcpr",
+                 "mcp_approval_response": "mcpa"}
 
 
 def _assistant_part(part: JSON) -> JSON:

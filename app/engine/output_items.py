@@ -23,6 +23,7 @@ from typing import Any
 from app.backends.base import TokenLogprob, ToolCallDelta, ToolSearchCallDelta, ToolSearchOutputDelta
 from app.backends.base import Usage as BackendUsage
 from app.engine import ids
+from app.engine.mcp_items import McpDelta, McpItems
 from app.engine.tool_search import loadable
 from app.protocol.content import LogProb, OutputText, ReasoningText, StreamablePart, TopLogProb
 from app.protocol.events import (
@@ -213,11 +214,12 @@ class OutputItems:
         """The closed items, in order (the open one is not included)."""
         self._open: OpenItem | None = None
         self._closed_tool_indexes: set[int] = set()
+        self._mcp = McpItems(events, self.closed)
 
     @property
     def empty(self) -> bool:
         """Whether no item was opened yet."""
-        return self._open is None and not self.closed
+        return self._open is None and not self.closed and not self._mcp.open
 
     def text(self, kind: ItemType, delta_event: type[OutputTextDelta] | type[ReasoningDelta], text: str,
              logprobs: Sequence[TokenLogprob] | None = None) -> None:
@@ -298,6 +300,12 @@ class OutputItems:
         self.closed.append(final)
         self._events.add(OutputItemDone, output_index=output_index, item=final)
 
+    def mcp(self, delta: McpDelta) -> None:
+        """An MCP item's step (closing the open item first): :class:`~app.engine.mcp_items.McpItems`."""
+        if not self._mcp.open:
+            self.close_open(ItemStatus.COMPLETED)
+        self._mcp.feed(delta)
+
     def open_text(self, kind: ItemType) -> OpenItem:
         """Open a message or a reasoning item: ``output_item.added``, ``content_part.added``."""
         item_id = ids.message_id() if kind is ItemType.MESSAGE else ids.reasoning_id()
@@ -327,6 +335,7 @@ class OutputItems:
 
     def close_open(self, status: ItemStatus) -> None:
         """Close the open item, if any, with ``status``: its ``*.done`` events."""
+        self._mcp.close()
         item = self._open
         if item is None:
             return
@@ -359,7 +368,7 @@ class OutputItems:
         """The open item as an ``incomplete`` wire item, without events (none if none is open)."""
         item = self._open
         if item is None:
-            return []
+            return self._mcp.abandon()
         self._open = None
         if item.kind is ItemType.MESSAGE:
             return [message(item, output_text(item, logprobs=self._logprobs), ItemStatus.INCOMPLETE)]

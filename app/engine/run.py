@@ -113,7 +113,7 @@ class Run:
         )
         self._feed = Feed(prepared.backend, prepared.request if delivery.streams else prepared.whole_request(),
                           name=f"backend-{self.id}", warm_only=not prepared.generate,
-                          surface=prepared.surface)
+                          surface=prepared.surface, mcp=prepared.mcp)
         self.log = EventLog(keep=prepared.store is not None and delivery.streams)
         self._recording = None if prepared.store is None else Recording(
             prepared.store, tenant=self.tenant, response_id=self.id, tools=prepared.tools,

@@ -85,7 +85,7 @@ async def searching(backend: Backend, request: GenerationRequest, surface: ToolS
                     elif isinstance(delta, ReasoningDelta):
                         thought.append(delta.text)
                     yield delta
-        used = _added(used, finish.usage)
+        used = added_usage(used, finish.usage)
         if not held or finish.reason in _BUDGET_STOPS or searched >= surface.limits.rounds:
             if held and finish.reason not in _BUDGET_STOPS:
                 log.warning("did not run a tool search of model %s: %d searches were made in this response",
@@ -143,7 +143,8 @@ def _limit(arguments: dict[str, Any], most: int) -> int:
     return most
 
 
-def _added(total: Usage | None, more: Usage | None) -> Usage | None:
+def added_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """The usage of rounds added up (``None`` when neither is known); the MCP loop's too."""
     if total is None or more is None:
         return more or total
     return Usage(input_tokens=total.input_tokens + more.input_tokens,

@@ -43,6 +43,8 @@ from app.backends.base import (
     Delta,
     Finish,
     GenerationRequest,
+    McpApprovalRequestDelta,
+    McpCallDelta,
     ToolCallDelta,
     ToolPolicy,
     ToolSearchCallDelta,
@@ -68,7 +70,7 @@ class ToolCallGuard:
     run's pump calls in its own loop, so a delta crosses no generator of its own."""
 
     __slots__ = ("request", "policy", "offered", "strict", "pending", "pending_index", "released", "surface",
-                 "client_search")
+                 "client_search", "served")
 
     def __init__(self, request: GenerationRequest, surface: ToolSurface | None = None) -> None:
         self.request = request
@@ -84,6 +86,8 @@ class ToolCallGuard:
         self.pending: _PendingCall | None = None
         self.pending_index = -1
         self.released = 0
+        self.served = False
+        """Whether an MCP call was made or asked for (it satisfies a ``required`` choice)."""
 
     def feed(self, delta: Delta) -> Delta | list[Delta]:
         """``delta`` itself when it passes as it is (text, reasoning: most deltas), or
@@ -107,10 +111,16 @@ class ToolCallGuard:
                 self.released += 1
             ready.append(delta)
             return ready
+        if isinstance(delta, McpCallDelta | McpApprovalRequestDelta):  # a call made or asked for by the server
+            ready = self._release()
+            self.served = True
+            ready.append(delta)
+            return ready
         if isinstance(delta, Finish):
             budget_stop = delta.reason in _BUDGET_STOPS
             ready = self._release(cut_short=budget_stop)
-            if self.policy.mode == "required" and self.request.tools and self.released == 0 and not budget_stop:
+            if (self.policy.mode == "required" and self.request.tools and self.released == 0 and not self.served
+                    and not budget_stop):
                 raise ModelError("The model did not call a tool, but tool_choice requires one.",
                                  code="tool_call_missing")
             if delta.reason == "tool_calls" and self.released == 0:

@@ -24,6 +24,15 @@ from app.protocol.content import (
     ToolOutputPart,
     UserContentParam,
 )
+from app.protocol.mcp import (
+    McpApprovalRequest,
+    McpApprovalRequestParam,
+    McpApprovalResponseParam,
+    McpCall,
+    McpCallParam,
+    McpListTools,
+    McpListToolsParam,
+)
 
 # The wire types stay Literal (what pydantic validates and serializes as plain strings);
 # code names the states by app.protocol.states.ItemStatus, whose values a test holds equal.
@@ -201,6 +210,10 @@ _ITEM_TAGS = {
     "item_reference",
     "tool_search_call",
     "tool_search_output",
+    "mcp_list_tools",
+    "mcp_call",
+    "mcp_approval_request",
+    "mcp_approval_response",
 }
 
 
@@ -253,6 +266,10 @@ ItemParam = Annotated[
     | Annotated[ItemReferenceParam, Tag("item_reference")]
     | Annotated[ToolSearchCallParam, Tag("tool_search_call")]
     | Annotated[ToolSearchOutputParam, Tag("tool_search_output")]
+    | Annotated[McpListToolsParam, Tag("mcp_list_tools")]
+    | Annotated[McpCallParam, Tag("mcp_call")]
+    | Annotated[McpApprovalRequestParam, Tag("mcp_approval_request")]
+    | Annotated[McpApprovalResponseParam, Tag("mcp_approval_response")]
     | Annotated[ExtensionItemParam, Tag("extension")],
     Discriminator(
         _item_tag,
@@ -367,7 +384,7 @@ class ToolSearchOutput(WireModel):
 
 OutputItem = Annotated[
     Message | FunctionCall | FunctionCallOutput | Reasoning | Compaction | CustomToolCall | CustomToolCallOutput
-    | ToolSearchCall | ToolSearchOutput,
+    | ToolSearchCall | ToolSearchOutput | McpListTools | McpCall | McpApprovalRequest,
     Field(discriminator="type"),
 ]
-"""The spec's ``ItemField``, and the custom-tool and tool-search items of OpenAI's superset."""
+"""The spec's ``ItemField``, and the custom-tool, tool-search and MCP items of OpenAI's superset."""

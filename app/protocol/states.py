@@ -51,3 +51,7 @@ class ItemType(StrEnum):
     ITEM_REFERENCE = "item_reference"
     TOOL_SEARCH_CALL = "tool_search_call"
     TOOL_SEARCH_OUTPUT = "tool_search_output"
+    MCP_LIST_TOOLS = "mcp_list_tools"
+    MCP_CALL = "mcp_call"
+    MCP_APPROVAL_REQUEST = "mcp_approval_request"
+    MCP_APPROVAL_RESPONSE = "mcp_approval_response"

@@ -95,6 +95,53 @@ class ToolSearchToolParam(ParamModel):
     parameters: dict[str, Any] | None = None
 
 
+class McpToolNamesParam(ParamModel):
+    tool_names: list[str] | None = None
+    read_only: bool | None = None
+
+
+class McpApprovalFilterParam(ParamModel):
+    always: McpToolNamesParam | None = None
+    never: McpToolNamesParam | None = None
+
+
+class McpToolParam(ParamModel):
+    """OpenAI's remote MCP tool: this server connects to ``server_url`` (an MCP server,
+    streamable HTTP, or SSE when the path ends in ``/sse``), lists its tools, offers them
+    to the model and runs the model's calls of them itself (:mod:`app.engine.mcp`). Only
+    URLs of ``ORS_MCP_ALLOWED_URLS`` are reached. ``headers`` and ``authorization`` go to
+    that server alone and are never echoed, stored nor logged. ``require_approval``
+    defaults to ``always``, as in OpenAI's API. Not in the spec."""
+
+    type: Literal["mcp"]
+    server_label: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    server_url: str = Field(min_length=1, max_length=2_000)
+    server_description: str | None = None
+    allowed_tools: list[str] | McpToolNamesParam | None = None
+    require_approval: Literal["always", "never"] | McpApprovalFilterParam | None = None
+    headers: dict[str, str] | None = None
+    authorization: str | None = None
+
+    def allows(self, name: str) -> bool:
+        """Whether ``allowed_tools`` lets the model see the server's tool ``name``."""
+        allowed = self.allowed_tools
+        names = allowed.tool_names if isinstance(allowed, McpToolNamesParam) else allowed
+        return names is None or name in names
+
+    def needs_approval(self, name: str) -> bool:
+        """Whether a call of ``name`` waits for the client's ``mcp_approval_response``."""
+        rule = self.require_approval
+        if rule is None or rule == "always":
+            return True
+        if rule == "never":
+            return False
+        never = rule.never.tool_names if rule.never is not None else None
+        always = rule.always.tool_names if rule.always is not None else None
+        if always is not None and name in always:
+            return True
+        return never is None or name not in never
+
+
 class UnsupportedToolParam(ParamModel):
     """A tool of a type this server cannot run (hosted tools, vendor tools). Accepted so
     such clients work; the engine leaves it out of what the model sees and logs that it
@@ -106,7 +153,7 @@ class UnsupportedToolParam(ParamModel):
 
 def _tool_tag(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    if kind in ("namespace", "custom", "tool_search"):
+    if kind in ("namespace", "custom", "tool_search", "mcp"):
         return kind
     return "function" if kind == "function" or not isinstance(kind, str) else "unsupported"
 
@@ -116,6 +163,7 @@ ToolParam = Annotated[
     | Annotated[NamespaceToolParam, Tag("namespace")]
     | Annotated[CustomToolParam, Tag("custom")]
     | Annotated[ToolSearchToolParam, Tag("tool_search")]
+    | Annotated[McpToolParam, Tag("mcp")]
     | Annotated[UnsupportedToolParam, Tag("unsupported")],
     Discriminator(_tool_tag),
 ]
@@ -230,9 +278,19 @@ class AllowedToolsParam(ParamModel):
     mode: ToolChoiceMode = "auto"
 
 
+class McpToolChoiceParam(ParamModel):
+    """OpenAI's choice of an MCP server's tools (``name``: one of them): the model must
+    call one (echoed as ``required``: the spec's ``tool_choice`` has no such form). Not in
+    the spec."""
+
+    type: Literal["mcp"]
+    server_label: str
+    name: str | None = None
+
+
 ToolChoiceParam = (
     ToolChoiceMode
-    | Annotated[SpecificFunctionParam | AllowedToolsParam, Field(discriminator="type")]
+    | Annotated[SpecificFunctionParam | AllowedToolsParam | McpToolChoiceParam, Field(discriminator="type")]
 )
 
 # ---------------------------------------------------------------- fields (output)

@@ -27,11 +27,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any
-from urllib.parse import unquote
 
-import httpx
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
@@ -43,13 +40,13 @@ from app.engine.validation import decode_json, parse_body
 from app.errors import Conflict, Forbidden, InvalidRequest
 from app.transport.deps import StreamOptionsDep, TenantDep
 from app.transport.sse import EventStream
+from app.url_roots import UrlRoot
 from compliance.html_report import render
 from compliance.suite import Outcome, SuiteConfig, select
 
 router = APIRouter(prefix="/ors/checks")
 
 _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class CheckRunRequest(BaseModel):
@@ -60,45 +57,6 @@ class CheckRunRequest(BaseModel):
     api_key: str | None = Field(default=None, max_length=4_000)
     concurrent: bool = True
     only: list[str] | None = Field(default=None, min_length=1)
-
-
-@dataclass(frozen=True)
-class ApiRoot:
-    """An API root as the suite will reach it, rebuilt from its parts (so what is checked
-    against the allowed roots is exactly what is requested)."""
-
-    scheme: str
-    host: str
-    """ASCII (IDNA), lower case; an IPv6 address without brackets."""
-    port: int
-    segments: tuple[str, ...]
-    """The path's segments, percent-encoded as sent, none empty."""
-
-    @classmethod
-    def parse(cls, text: str) -> ApiRoot:
-        """Raises ``ValueError`` saying what is wrong."""
-        try:
-            url = httpx.URL(text)
-        except (httpx.InvalidURL, TypeError) as error:
-            raise ValueError(f"it is not a URL ({error})") from None
-        if url.scheme not in _DEFAULT_PORTS or not url.raw_host:
-            raise ValueError("it must be an absolute http:// or https:// URL")
-        if url.userinfo or url.query or url.fragment:
-            raise ValueError("it may not hold credentials, a query or a fragment")
-        segments = tuple(part for part in url.raw_path.split(b"?")[0].decode("ascii").split("/") if part)
-        if any(unquote(part) in (".", "..") or any(c in unquote(part) for c in "/\\") for part in segments):
-            raise ValueError("its path may not hold '.' or '..' segments or encoded slashes")
-        return cls(url.scheme, url.raw_host.decode("ascii").lower(), url.port or _DEFAULT_PORTS[url.scheme], segments)
-
-    def covers(self, other: ApiRoot) -> bool:
-        """Whether ``other`` is this root or below it."""
-        return ((self.scheme, self.host, self.port) == (other.scheme, other.host, other.port)
-                and other.segments[:len(self.segments)] == self.segments)
-
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        port = "" if _DEFAULT_PORTS[self.scheme] == self.port else f":{self.port}"
-        return f"{self.scheme}://{host}{port}/" + "/".join(self.segments)
 
 
 async def get_check_runs(request: Request) -> CheckRuns:
@@ -175,13 +133,13 @@ async def show_check_report(run_id: str, tenant: TenantDep, runs: CheckRunsDep) 
     })
 
 
-def _target(request: Request, base_url: str | None) -> tuple[ApiRoot, bool]:
+def _target(request: Request, base_url: str | None) -> tuple[UrlRoot, bool]:
     """Where the run's requests go, and whether that is this server (403 for a URL that is
     neither this server's root nor at or below an allowed root)."""
     named = _parsed_or_none(str(request.base_url) + "v1")
     server = request.scope.get("server")
     if server and server[1]:  # where this request came in: what a Host header cannot change
-        own = ApiRoot("http", str(server[0]).lower(), int(server[1]), ("v1",))
+        own = UrlRoot("http", str(server[0]).lower(), int(server[1]), ("v1",))
     elif named is not None:
         own = named
     else:
@@ -189,7 +147,7 @@ def _target(request: Request, base_url: str | None) -> tuple[ApiRoot, bool]:
     if base_url is None:
         return own, True
     try:
-        wanted = ApiRoot.parse(base_url)
+        wanted = UrlRoot.parse(base_url)
     except ValueError as error:
         raise InvalidRequest(f"Invalid value for 'base_url': {error}.", code="invalid_value",
                              param="base_url") from None
@@ -203,9 +161,9 @@ def _target(request: Request, base_url: str | None) -> tuple[ApiRoot, bool]:
         "in ORS_CHECK_ALLOWED_URLS.", code="check_url_not_allowed", param="base_url")
 
 
-def _parsed_or_none(text: str) -> ApiRoot | None:
+def _parsed_or_none(text: str) -> UrlRoot | None:
     try:
-        return ApiRoot.parse(text)
+        return UrlRoot.parse(text)
     except ValueError:
         return None
 

@@ -506,3 +506,20 @@ def test_item_needs_status():
     del builder.events[find(builder.events, "response.output_item.added")]["item"]["status"]
     with raises(r"every item must have a non-empty 'status' \(at \$\.item\.status\)"):
         run(builder.events)
+
+
+def test_mcp_events_only_for_their_items():
+    """OpenAI's MCP events (a superset the checker knows) must name an open item of their kind."""
+    for event_type, label in (("response.mcp_call.in_progress", "'response.mcp_call.in_progress' for a message"),
+                              ("response.mcp_list_tools.completed", "for a message item")):
+        events = text_stream().events
+        events.insert(find(events, "response.output_item.done"), {
+            "type": event_type, "sequence_number": 0, "item_id": "msg_1", "output_index": 0})
+        with raises(label):
+            run(renumber(events), validate_schemas=False)
+    events = text_stream().events
+    events.insert(find(events, "response.output_item.done"), {
+        "type": "response.mcp_call_arguments.delta", "sequence_number": 0, "item_id": "msg_1",
+        "output_index": 0, "delta": "{"})
+    with raises("mcp-call arguments for a message item"):
+        run(renumber(events), validate_schemas=False)

@@ -53,13 +53,13 @@ from app.backends.mcp_client import McpFailure, McpServer, call_tool, list_tools
 from app.engine import ids
 from app.engine.mcp import McpLimits, mcp_result_text
 from app.engine.tool_search_loop import added_usage
+from app.engine.tools import BUDGET_STOPS
 from app.protocol.mcp import McpApprovalRequestParam
 from app.protocol.tools import McpToolParam, qualified_name
 from app.url_roots import UrlRoot
 
 log = logging.getLogger("ors.tools")
 
-_BUDGET_STOPS = frozenset({"length", "content_filter"})
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
                         thought.append(delta.text)
                     yield delta
         used = added_usage(used, finish.usage)
-        if not held or finish.reason in _BUDGET_STOPS:
+        if not held or finish.reason in BUDGET_STOPS:
             yield Finish(finish.reason, used)
             return
         made: list[ToolCall] = []

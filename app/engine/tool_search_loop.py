@@ -49,10 +49,10 @@ from app.backends.base import (
 )
 from app.engine import ids
 from app.engine.tool_search import SEARCH_FUNCTION, ToolSurface, function_spec, loaded_text
+from app.engine.tools import BUDGET_STOPS
 
 log = logging.getLogger("ors.tools")
 
-_BUDGET_STOPS = frozenset({"length", "content_filter"})
 
 
 async def searching(backend: Backend, request: GenerationRequest, surface: ToolSurface) -> AsyncIterator[Delta]:
@@ -86,8 +86,8 @@ async def searching(backend: Backend, request: GenerationRequest, surface: ToolS
                         thought.append(delta.text)
                     yield delta
         used = added_usage(used, finish.usage)
-        if not held or finish.reason in _BUDGET_STOPS or searched >= surface.limits.rounds:
-            if held and finish.reason not in _BUDGET_STOPS:
+        if not held or finish.reason in BUDGET_STOPS or searched >= surface.limits.rounds:
+            if held and finish.reason not in BUDGET_STOPS:
                 log.warning("did not run a tool search of model %s: %d searches were made in this response",
                             request.model, searched)
             yield Finish(finish.reason, used)

@@ -117,7 +117,7 @@ class ToolCallGuard:
             ready.append(delta)
             return ready
         if isinstance(delta, Finish):
-            budget_stop = delta.reason in _BUDGET_STOPS
+            budget_stop = delta.reason in BUDGET_STOPS
             ready = self._release(cut_short=budget_stop)
             if (self.policy.mode == "required" and self.request.tools and self.released == 0 and not self.served
                     and not budget_stop):
@@ -182,8 +182,9 @@ def _object(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-_BUDGET_STOPS = frozenset({"length", "content_filter"})
-"""Finish reasons that end a response ``incomplete``: generation was stopped, not done."""
+BUDGET_STOPS = frozenset({"length", "content_filter"})
+"""Finish reasons that end a response ``incomplete``: generation was stopped, not done
+(and a server-run loop runs none of the calls that round made: they may be cut)."""
 
 
 def _rejection(

@@ -42,17 +42,14 @@ from app.backends.base import (
     McpCallDelta,
     McpListToolsDelta,
     McpTool,
-    ReasoningDelta,
-    TextDelta,
     ToolCall,
-    ToolCallDelta,
     ToolSpec,
     Usage,
 )
 from app.backends.mcp_client import McpFailure, McpServer, call_tool, list_tools
 from app.engine import ids
 from app.engine.mcp import McpLimits, mcp_result_text
-from app.engine.tool_search_loop import added_usage
+from app.engine.tool_search_loop import Round, added_usage
 from app.engine.tools import BUDGET_STOPS
 from app.protocol.mcp import McpApprovalRequestParam
 from app.protocol.tools import McpToolParam, qualified_name
@@ -150,28 +147,14 @@ async def mcp_running(stream: Callable[[GenerationRequest], AsyncIterator[Delta]
     offset = 0
     budget = request.sampling.max_output_tokens
     while True:
-        held: dict[int, list[ToolCallDelta]] = {}
-        passed: set[int] = set()
-        said: list[str] = []
-        thought: list[str] = []
-        finish = Finish("stop")
-        async with contextlib.aclosing(stream(request)) as deltas:  # type: ignore[type-var]
-            async for delta in deltas:
-                if isinstance(delta, ToolCallDelta):
-                    if delta.index in held or (delta.index not in passed and delta.name in functions):
-                        held.setdefault(delta.index, []).append(delta)
-                        continue
-                    passed.add(delta.index)
-                    yield dataclasses.replace(delta, index=delta.index + offset)
-                elif isinstance(delta, Finish):
-                    finish = delta
-                    break
-                else:
-                    if isinstance(delta, TextDelta):
-                        said.append(delta.text)
-                    elif isinstance(delta, ReasoningDelta):
-                        thought.append(delta.text)
-                    yield delta
+        turn_round = Round()
+        relay = turn_round.relay(stream(request), lambda name: name in functions,
+                                 offset)
+        async with contextlib.aclosing(relay) as relayed:
+            async for delta in relayed:  # closing this generator closes the round's stream at once
+                yield delta
+        held, passed, said, thought, finish = (turn_round.held, turn_round.passed, turn_round.said,
+                                               turn_round.thought, turn_round.finish)
         used = added_usage(used, finish.usage)
         if not held or finish.reason in BUDGET_STOPS:
             yield Finish(finish.reason, used)

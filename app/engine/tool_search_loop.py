@@ -29,7 +29,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.backends.base import (
@@ -63,28 +64,14 @@ async def searching(backend: Backend, request: GenerationRequest, surface: ToolS
     offset = 0
     budget = request.sampling.max_output_tokens
     while True:
-        held: dict[int, list[ToolCallDelta]] = {}
-        passed: set[int] = set()
-        said: list[str] = []
-        thought: list[str] = []
-        finish = Finish("stop")
-        async with contextlib.aclosing(backend.stream(request)) as stream:  # type: ignore[type-var]
-            async for delta in stream:
-                if isinstance(delta, ToolCallDelta):
-                    if delta.index in held or (delta.index not in passed and delta.name == SEARCH_FUNCTION):
-                        held.setdefault(delta.index, []).append(delta)
-                        continue
-                    passed.add(delta.index)
-                    yield dataclasses.replace(delta, index=delta.index + offset)
-                elif isinstance(delta, Finish):
-                    finish = delta
-                    break
-                else:
-                    if isinstance(delta, TextDelta):
-                        said.append(delta.text)
-                    elif isinstance(delta, ReasoningDelta):
-                        thought.append(delta.text)
-                    yield delta
+        turn_round = Round()
+        relay = turn_round.relay(backend.stream(request), lambda name: name == SEARCH_FUNCTION,
+                                 offset)
+        async with contextlib.aclosing(relay) as relayed:
+            async for delta in relayed:  # closing this generator closes the round's stream at once
+                yield delta
+        held, passed, said, thought, finish = (turn_round.held, turn_round.passed, turn_round.said,
+                                               turn_round.thought, turn_round.finish)
         used = added_usage(used, finish.usage)
         if not held or finish.reason in BUDGET_STOPS or searched >= surface.limits.rounds:
             if held and finish.reason not in BUDGET_STOPS:
@@ -141,6 +128,41 @@ def _limit(arguments: dict[str, Any], most: int) -> int:
     if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1:
         return min(limit, most)
     return most
+
+
+@dataclass
+class Round:
+    """One round of a server-run tool loop: the model's deltas passed on as they come
+    (:meth:`relay`), except its calls of the functions the server runs, which are held;
+    what the round said and thought, and how it finished, kept for the next round."""
+
+    held: dict[int, list[ToolCallDelta]] = field(default_factory=dict)
+    passed: set[int] = field(default_factory=set)
+    said: list[str] = field(default_factory=list)
+    thought: list[str] = field(default_factory=list)
+    finish: Finish = field(default_factory=lambda: Finish("stop"))
+
+    async def relay(self, stream: AsyncIterator[Delta], runs_here: Callable[[str | None], bool],
+                    offset: int) -> AsyncGenerator[Delta, None]:
+        """The round's deltas to pass on (calls renumbered after ``offset``, the calls of
+        earlier rounds); ``stream`` is closed when the round ends, or when this is."""
+        async with contextlib.aclosing(stream) as deltas:  # type: ignore[type-var]
+            async for delta in deltas:
+                if isinstance(delta, ToolCallDelta):
+                    if delta.index in self.held or (delta.index not in self.passed and runs_here(delta.name)):
+                        self.held.setdefault(delta.index, []).append(delta)
+                        continue
+                    self.passed.add(delta.index)
+                    yield dataclasses.replace(delta, index=delta.index + offset)
+                elif isinstance(delta, Finish):
+                    self.finish = delta
+                    return
+                else:
+                    if isinstance(delta, TextDelta):
+                        self.said.append(delta.text)
+                    elif isinstance(delta, ReasoningDelta):
+                        self.thought.append(delta.text)
+                    yield delta
 
 
 def added_usage(total: Usage | None, more: Usage | None) -> Usage | None:
